@@ -1,0 +1,24 @@
+"""gradwatch: catch gradient-reset bugs (missed, late, misplaced zero_grad) at run time.
+
+``gradwatch.watch`` lives in the probe, which imports torch; it is loaded on first use so
+that the torch-free parts (the wire contract, ``check``, the server) import without torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from gradwatch.probe import watch as watch
+
+__all__ = ["__version__", "watch"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "watch":
+        from gradwatch.probe import watch
+
+        return watch
+    raise AttributeError(f"module 'gradwatch' has no attribute {name!r}")

@@ -1,0 +1,281 @@
+"""The one wire contract: every record that lands in a step log or crosses a socket.
+
+This module imports neither torch nor fastapi. The probe writes these records, the server
+validates and stores them, ``gradwatch check`` and the replay reader parse them, and the
+dashboard reads the JSON Schema generated from them (``python -m gradwatch.wire``).
+
+A step log is JSON Lines: one :class:`Header` line, then one record per line. Over the
+ingest websocket the same records travel inside :class:`IngestBatch` frames. Every record
+carries ``seq``, a per-(run, rank) sequence number starting at 0 with the header, so a
+receiver stores each record once however often it is resent.
+
+Non-finite floats (a NaN loss blows up a gradient norm) are data, not errors: they are
+written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, which every JSON
+parser accepts and which these models read back as floats.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+PROTOCOL_VERSION = 1
+"""Bumped on any incompatible change to the records below."""
+
+SUPPORTED_VERSIONS = frozenset({1})
+
+FINDING_KINDS = (
+    "missed_reset",
+    "cross_optimizer_leak",
+    "late_reset",
+    "discarded_accumulation",
+)
+"""Finding kinds, a contract: checks outside the project match on these exact names."""
+
+ResetHow = Literal[
+    "optimizer_zero_grad",  # optimizer.zero_grad(), set_to_none True or False
+    "module_zero_grad",  # nn.Module.zero_grad()
+    "set_none",  # p.grad = None outside zero_grad
+    "zero_",  # p.grad.zero_() / p.grad.data.zero_() outside zero_grad
+    "replaced",  # p.grad = some other tensor
+]
+
+NonNegInt = Annotated[int, Field(ge=0)]
+# Norms may be NaN or Inf; they are data. ``None`` means "not sampled this step".
+Norm = Union[float, None]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings", frozen=False)
+
+
+class _Record(_Model):
+    seq: NonNegInt
+    """Per-(run, rank) sequence number; the header is 0."""
+    t: float
+    """Wall-clock time (Unix seconds) when the probe made the record."""
+
+
+class Header(_Record):
+    """First line of every step log and first record of every stream."""
+
+    type: Literal["header"] = "header"
+    v: int = PROTOCOL_VERSION
+    run: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Run id shared by every rank of one training job."""
+    run_name: str = Field(max_length=200)
+    rank: NonNegInt = 0
+    world_size: Annotated[int, Field(ge=1)] = 1
+    torch_version: str = Field(max_length=64)
+    gradwatch_version: str = Field(max_length=64)
+    started: float
+    host: str = Field(default="", max_length=255)
+    pid: NonNegInt = 0
+    argv: list[str] = Field(default_factory=list, max_length=256)
+    norms_every: NonNegInt = 1
+
+    @field_validator("v")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        if v not in SUPPORTED_VERSIONS:
+            raise ValueError(
+                f"protocol version {v} is not supported (this gradwatch reads "
+                f"{sorted(SUPPORTED_VERSIONS)}); upgrade gradwatch to read this log"
+            )
+        return v
+
+
+class OptimizerInfo(_Record):
+    """An optimizer the probe attached to, with its parameters in a fixed order.
+
+    Per-parameter fields of later :class:`Step` records index into ``params``.
+    """
+
+    type: Literal["optimizer"] = "optimizer"
+    opt: str = Field(min_length=1, max_length=200)
+    """Display name, unique in the run, e.g. ``"Adam#0"`` or the user's ``name=``."""
+    cls: str = Field(max_length=200)
+    params: list[str] = Field(max_length=100_000)
+    """Parameter names (``model.named_parameters()`` names where known)."""
+    shapes: list[list[NonNegInt]] = Field(default_factory=list, max_length=100_000)
+    groups: list[NonNegInt] = Field(default_factory=list, max_length=100_000)
+    """Parameter-group index of each parameter."""
+
+
+class Reset(_Model):
+    """Resets of one kind seen since the optimizer's previous step."""
+
+    how: ResetHow
+    params: list[NonNegInt] = Field(default_factory=list, max_length=100_000)
+    """Indices (into the optimizer's params) of the parameters reset."""
+    discarded: NonNegInt = 0
+    """Finite contributions thrown away that no step had consumed."""
+    after_backward: bool = False
+    """True when the reset ran after this step's fresh backward (a late reset)."""
+
+
+class Step(_Record):
+    """One optimizer step and its verdict facts.
+
+    A *contribution* is one backward pass's gradient added into one parameter's ``.grad``.
+    The counts below are over (parameter, backward) pairs.
+    """
+
+    type: Literal["step"] = "step"
+    opt: str = Field(min_length=1, max_length=200)
+    step: NonNegInt
+    """Index of this step among the optimizer's steps (0-based; skipped steps count)."""
+    skipped: bool = False
+    """GradScaler found inf/NaN and skipped ``optimizer.step()``."""
+    closure_evals: NonNegInt = 0
+    """Closure evaluations inside this step (LBFGS); 0 for a plain step."""
+    backwards: NonNegInt = 0
+    """Backward passes that contributed to this optimizer's params since its last step."""
+    consumed: NonNegInt = 0
+    """Contributions present in the gradients this step read."""
+    fresh: NonNegInt = 0
+    """Of ``consumed``, those no step had read before."""
+    stale: NonNegInt = 0
+    """Of ``consumed``, those this optimizer already consumed at an earlier step."""
+    leaked: NonNegInt = 0
+    """Of ``consumed``, those from a backward another optimizer's step already consumed."""
+    stale_params: list[NonNegInt] = Field(default_factory=list, max_length=100_000)
+    leaked_params: list[NonNegInt] = Field(default_factory=list, max_length=100_000)
+    late_params: list[NonNegInt] = Field(default_factory=list, max_length=100_000)
+    """Params whose fresh contribution a reset removed between backward and this step."""
+    discarded: NonNegInt = 0
+    """Finite contributions of wasted backwards discarded since the previous step."""
+    discarded_params: list[NonNegInt] = Field(default_factory=list, max_length=100_000)
+    resets: list[Reset] = Field(default_factory=list, max_length=64)
+    norm: Norm = None
+    """Norm of the accumulated gradient the step read (unscaled), all params together."""
+    fresh_norm: Norm = None
+    """Norm of the contributions added since the previous step."""
+    drift: Norm = None
+    """``norm / fresh_norm``: 1.0 when every gradient was reset; climbs on a missed reset."""
+    param_norms: list[Norm] | None = Field(default=None, max_length=100_000)
+    param_fresh_norms: list[Norm] | None = Field(default=None, max_length=100_000)
+
+    @field_validator("norm", "fresh_norm", "drift", mode="before")
+    @classmethod
+    def _nonfinite_from_strings(cls, v: Any) -> Any:
+        return _parse_nonfinite(v)
+
+    @field_validator("param_norms", "param_fresh_norms", mode="before")
+    @classmethod
+    def _nonfinite_list(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [_parse_nonfinite(x) for x in v]
+        return v
+
+
+class Stats(_Record):
+    """Probe health: records it had to drop and why. Sent periodically and at close."""
+
+    type: Literal["stats"] = "stats"
+    dropped: NonNegInt = 0
+    """Records lost for good (queue full and no spool)."""
+    spooled: NonNegInt = 0
+    """Records written to the local spool while the server was unreachable."""
+    disabled: str | None = Field(default=None, max_length=1000)
+    """Why the probe turned itself off, if it did."""
+
+
+class End(_Record):
+    """Last record of a run (absent after a crash: the run then reads as interrupted)."""
+
+    type: Literal["end"] = "end"
+    status: Literal["finished", "failed", "interrupted"] = "finished"
+    exit_code: int | None = None
+    steps: NonNegInt = 0
+    dropped: NonNegInt = 0
+
+
+Record = Annotated[
+    Union[Header, OptimizerInfo, Step, Stats, End],
+    Field(discriminator="type"),
+]
+"""Any record of a step log or stream, told apart by its ``type``."""
+
+RECORD_ADAPTER: TypeAdapter[Any] = TypeAdapter(Record)
+
+
+class IngestBatch(_Model):
+    """A frame on ``/ws/ingest``: records of one (run, rank), in ``seq`` order."""
+
+    type: Literal["batch"] = "batch"
+    v: int = PROTOCOL_VERSION
+    run: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    rank: NonNegInt = 0
+    records: list[Record] = Field(max_length=10_000)
+
+    @field_validator("v")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        return Header._known_version(v)
+
+
+class Finding(_Model):
+    """A judged bug, as ``gradwatch check --json`` prints it (a contract)."""
+
+    kind: Literal[
+        "missed_reset", "cross_optimizer_leak", "late_reset", "discarded_accumulation"
+    ]
+    optimizer: str
+    first_step: NonNegInt
+    last_step: NonNegInt
+    steps: NonNegInt
+    """Number of steps affected."""
+    params: list[str]
+    message: str
+    fix: str
+    rank: NonNegInt = 0
+
+
+def _parse_nonfinite(v: Any) -> Any:
+    if isinstance(v, str):
+        low = v.strip().lower()
+        if low in ("nan", "infinity", "+infinity", "-infinity", "inf", "-inf"):
+            return float(low.replace("infinity", "inf"))
+    return v
+
+
+def parse_record(line: str | bytes) -> Any:
+    """Parse one JSON line into a record model.
+
+    Raises:
+        pydantic.ValidationError: the line is not valid JSON or not a valid record; its
+            message says which field is wrong.
+    """
+    return RECORD_ADAPTER.validate_json(line)
+
+
+def dump_record(record: BaseModel) -> str:
+    """Serialise a record as one JSON line (no trailing newline)."""
+    return record.model_dump_json(exclude_defaults=False)
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """``x`` if it is a finite number, else ``None`` (for sums and plots)."""
+    if x is None or not math.isfinite(x):
+        return None
+    return x
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of records, ingest frames and findings, for the dashboard and docs."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "gradwatch wire protocol",
+        "protocol_version": PROTOCOL_VERSION,
+        "record": RECORD_ADAPTER.json_schema(),
+        "ingest_batch": IngestBatch.model_json_schema(),
+        "finding": Finding.model_json_schema(),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(json_schema(), indent=2))
