@@ -17,7 +17,7 @@ test: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/mypy
+	bash scripts/mypy.sh $(VENV)
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/probe_overhead.py

@@ -9,13 +9,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from gradwatch.analysis import judge
 from gradwatch.steplog import StepLogError, read_log
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # exit 2 with our own prefix, as documented
+    def error(self, message: str) -> NoReturn:  # exit 2 with our own prefix, as documented
         self.print_usage(sys.stderr)
         print(f"gradwatch check: {message}", file=sys.stderr)
         raise SystemExit(2)

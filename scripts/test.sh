@@ -20,7 +20,7 @@ if ((${#need[@]})); then
   fi
 fi
 echo "test: ruff"; "$bin/ruff" check .
-echo "test: mypy"; "$bin/mypy"
+echo "test: mypy"; bash scripts/mypy.sh "$venv"
 mkdir -p test-artifacts
 echo "test: pytest"
 "$bin/python" -m pytest -q -ra "${@:2}"

@@ -1,0 +1,62 @@
+"""The wire contract: round trips, non-finite floats, versions and clear rejections."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from gradwatch.wire import (
+    FINDING_KINDS,
+    IngestBatch,
+    Step,
+    dump_record,
+    json_schema,
+    parse_record,
+)
+from tests.core.logs import header, step
+
+
+def test_step_round_trips_with_nan_and_inf_as_data() -> None:
+    s = step(3, 1, norm=float("nan"), drift=float("inf"), param_norms=[1.5, float("-inf")])
+    line = dump_record(s)
+    # Browsers' JSON.parse rejects bare NaN: non-finite values travel as strings.
+    raw = json.loads(line)
+    assert raw["norm"] == "NaN" and raw["drift"] == "Infinity"
+    back = parse_record(line)
+    assert isinstance(back, Step)
+    assert math.isnan(back.norm) and back.drift == math.inf
+    assert back.param_norms == [1.5, -math.inf]
+
+
+def test_unknown_protocol_version_is_refused_with_a_sentence() -> None:
+    raw = json.loads(dump_record(header()))
+    raw["v"] = 99
+    with pytest.raises(ValidationError, match="protocol version 99 is not supported"):
+        parse_record(json.dumps(raw))
+
+
+@pytest.mark.parametrize("bad", [
+    '{"type": "step", "seq": -1, "t": 0, "opt": "a", "step": 0}',
+    '{"type": "step", "seq": 1, "t": 0, "opt": "a", "step": "three"}',
+    '{"type": "nope", "seq": 1, "t": 0}',
+    '{"type": "step", "seq": 1, "t": 0, "opt": "a", "step": 0, "surprise": 1}',
+    "[1, 2]",
+    "not json",
+])
+def test_malformed_records_are_rejected(bad: str) -> None:
+    with pytest.raises(ValidationError):
+        parse_record(bad)
+
+
+def test_run_ids_cannot_carry_paths() -> None:
+    with pytest.raises(ValidationError):
+        IngestBatch(run="../../etc/passwd", records=[])
+
+
+def test_schema_names_every_finding_kind() -> None:
+    schema = json.dumps(json_schema())
+    for kind in FINDING_KINDS:
+        assert kind in schema
