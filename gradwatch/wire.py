@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
@@ -45,7 +45,7 @@ ResetHow = Literal[
 
 NonNegInt = Annotated[int, Field(ge=0)]
 # Norms may be NaN or Inf; they are data. ``None`` means "not sampled this step".
-Norm = Union[float, None]
+Norm = float | None
 
 
 class _Model(BaseModel):
@@ -195,7 +195,7 @@ class End(_Record):
 
 
 Record = Annotated[
-    Union[Header, OptimizerInfo, Step, Stats, End],
+    Header | OptimizerInfo | Step | Stats | End,
     Field(discriminator="type"),
 ]
 """Any record of a step log or stream, told apart by its ``type``."""

@@ -1,0 +1,104 @@
+"""Probe overhead on CPU: median step time without the probe, judging only, norms every step.
+
+Two models: an MLP 784-512-512-10 (batch 64) and a many-tensor model (200 x Linear(64, 64),
+400 parameter tensors). The *floor* is the norm kernels alone on the same gradients
+(``torch._foreach_norm`` + one stack), what any reader of the gradients has to pay.
+Modes are measured side by side in interleaved blocks so drift in machine speed hits all
+of them alike. Targets: judging <= 1.03x baseline (MLP), <= 1.05x (many-tensor); norms
+every step <= baseline + 1.5 x floor.
+
+Run: ``python bench/probe_overhead.py [--blocks N] [--steps N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import gradwatch
+
+
+def _mlp() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    m = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(),
+                            torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                            torch.nn.Linear(512, 10))
+    return m, torch.randn(64, 784), torch.randint(0, 10, (64,))
+
+
+def _many() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    m = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(200)])
+    return m, torch.randn(64, 64), torch.randint(0, 64, (64,))
+
+
+def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, torch.Tensor]],
+          blocks: int, steps: int, tmp: Path) -> dict[str, float]:
+    torch.manual_seed(0)
+    model, x, y = make()
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9)
+    loss_fn = torch.nn.functional.cross_entropy
+    times: dict[str, list[float]] = {"baseline": [], "judging": [], "norms": [], "floor": []}
+
+    def step() -> None:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    for _ in range(5):
+        step()
+    for b in range(blocks):
+        for mode in ("baseline", "judging", "norms"):
+            handle = None
+            if mode != "baseline":
+                handle = gradwatch.watch(opt, log=tmp / f"{name}-{mode}-{b}.jsonl",
+                                         norms_every=0 if mode == "judging" else 1)
+            for _ in range(3):
+                step()
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                step()
+                times[mode].append(time.perf_counter() - t0)
+                if mode == "baseline":  # the floor: norm kernels on these same gradients
+                    t0 = time.perf_counter()
+                    torch.stack(torch._foreach_norm([p.grad for p in params]))
+                    times["floor"].append(time.perf_counter() - t0)
+            if handle is not None:
+                handle.close()
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=40)
+    args = ap.parse_args()
+    logging.getLogger("gradwatch").setLevel(logging.ERROR)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{args.blocks} interleaved blocks x {args.steps} steps per mode")
+    with tempfile.TemporaryDirectory() as d:
+        for name, make, target in (("MLP 784-512-512-10", _mlp, 1.03),
+                                   ("200 x Linear(64,64)", _many, 1.05)):
+            r = bench(name.split()[0], make, args.blocks, args.steps, Path(d))
+            base, judging, norms, floor = r["baseline"], r["judging"], r["norms"], r["floor"]
+            budget = base + 1.5 * floor
+            print(f"\n{name} (median step, ms)")
+            print(f"  baseline             {base:8.3f}")
+            print(f"  judging only         {judging:8.3f}   x{judging / base:.3f}   "
+                  f"(target <= x{target:.2f}: {'ok' if judging <= target * base else 'MISS'})")
+            print(f"  norms every step     {norms:8.3f}   x{norms / base:.3f}   "
+                  f"(target <= baseline + 1.5 x floor = {budget:.3f}: "
+                  f"{'ok' if norms <= budget else 'MISS'})")
+            print(f"  floor (norms alone)  {floor:8.3f}   "
+                  f"overhead above floor: {(norms - base) / floor:.2f} x floor")
+
+
+if __name__ == "__main__":
+    main()

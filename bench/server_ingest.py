@@ -1,0 +1,213 @@
+"""Server benchmark: ingest throughput, step-to-live-client latency, 1M-step queries.
+
+Runs a real ``gradwatch serve`` process on 127.0.0.1 (a temporary data directory) and
+prints figures (not pass/fail):
+
+- step records/s ingested *and stored* (acked after commit) from 1 and from 8 concurrent
+  ingest connections;
+- step-to-live-client latency p50/p99 with 1 and with 50 live clients while 1,000
+  steps/s in total stream in (batches of 10 every 10 ms);
+- ``GET /api/runs/{id}/steps?max_points=4000`` on a 1,000,000-step run (``--no-million``
+  skips building it).
+
+Targets on a 2-core machine: >= 20,000 step records/s; p99 < 50 ms with 50 clients.
+Usage: ``python bench/server_ingest.py [--steps N] [--seconds S] [--no-million]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import connect as aconnect
+from websockets.sync.client import connect
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "e2e"))
+from serverproc import ServerProc  # noqa: E402
+
+from gradwatch.frames import Ack  # noqa: E402
+from gradwatch.wire import End, Header, IngestBatch, OptimizerInfo, Reset, Step  # noqa: E402
+
+NPARAMS = 8
+
+
+def records(run: str, n: int, t0: float = 1000.0) -> list[Any]:
+    """A realistic stream: header, optimizer, ``n`` steps with per-parameter norms, End."""
+    out: list[Any] = [
+        Header(seq=0, t=t0, run=run, run_name=run, torch_version="2.13.0",
+               gradwatch_version="0.1.0", started=t0),
+        OptimizerInfo(seq=1, t=t0, opt="AdamW#0", cls="AdamW",
+                      params=[f"layer{i}.weight" for i in range(NPARAMS)],
+                      shapes=[[64, 64]] * NPARAMS, groups=[0] * NPARAMS)]
+    for i in range(n):
+        norm = 1.0 + 0.3 * math.sin(i / 50)
+        out.append(Step(seq=i + 2, t=t0 + i * 1e-3, opt="AdamW#0", step=i, backwards=1,
+                        consumed=NPARAMS, fresh=NPARAMS,
+                        resets=[Reset(how="optimizer_zero_grad", params=list(range(NPARAMS)))],
+                        norm=norm, fresh_norm=norm, drift=1.0,
+                        param_norms=[norm / NPARAMS] * NPARAMS,
+                        param_fresh_norms=[norm / NPARAMS] * NPARAMS))
+    out.append(End(seq=n + 2, t=t0 + n * 1e-3, steps=n))
+    return out
+
+
+def frames(run: str, n: int, size: int = 1000) -> list[str]:
+    recs = records(run, n)
+    return [IngestBatch(run=run, records=recs[i:i + size]).model_dump_json()
+            for i in range(0, len(recs), size)]
+
+
+def send_all(url: str, texts: list[str], window: int = 4) -> None:
+    """Send frames with up to ``window`` unacked, until the last is acked (stored)."""
+    with connect(url, compression=None, max_size=None) as ws:
+        inflight = 0
+        for text in texts:
+            if inflight >= window:
+                Ack.model_validate_json(ws.recv())
+                inflight -= 1
+            ws.send(text)
+            inflight += 1
+        for _ in range(inflight):
+            Ack.model_validate_json(ws.recv())
+
+
+def throughput(srv: ServerProc, conns: int, steps_each: int, tag: str) -> float:
+    """Step records/s stored by ``conns`` concurrent ingest connections."""
+    work = [frames(f"{tag}-{c}", steps_each) for c in range(conns)]
+    threads = [threading.Thread(target=send_all, args=(srv.ws + "/ws/ingest", w))
+               for w in work]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    dt = time.perf_counter() - t
+    stored = sum(srv.get(f"/api/runs/{tag}-{c}")["steps"] for c in range(conns))
+    assert stored == conns * steps_each, (stored, conns * steps_each)
+    return stored / dt
+
+
+async def latency(srv: ServerProc, clients: int, seconds: float, run: str) -> list[float]:
+    """Seconds from sending a step to each live client receiving it."""
+    rate, per_batch = 1000, 10
+    n = int(rate * seconds)
+    recs = records(run, n)
+    sent_at: dict[int, float] = {}
+    lat: list[float] = []
+    async with aconnect(srv.ws + "/ws/ingest", compression=None) as ing:
+        await ing.send(IngestBatch(run=run, records=recs[:2]).model_dump_json())
+        await ing.recv()
+
+        async def watch(ws: Any) -> None:
+            async for msg in ws:
+                now = time.perf_counter()
+                m = json.loads(msg)
+                if m["type"] == "steps":
+                    lat.extend(now - sent_at[s] for s in m["steps"]["step"])
+
+        lives = [await aconnect(srv.ws + f"/ws/live?run={run}", compression=None,
+                                max_size=None) for _ in range(clients)]
+        for ws in lives:
+            await ws.recv()  # snapshot
+        tasks = [asyncio.create_task(watch(ws)) for ws in lives]
+
+        async def acks() -> None:
+            async for _ in ing:
+                pass
+
+        ack_task = asyncio.create_task(acks())
+        start = time.perf_counter()
+        for k, i in enumerate(range(2, n + 2, per_batch)):
+            await asyncio.sleep(max(0.0, start + k * per_batch / rate - time.perf_counter()))
+            batch = recs[i:i + per_batch]
+            now = time.perf_counter()
+            for r in batch:
+                if r.type == "step":
+                    sent_at[r.step] = now
+            await ing.send(IngestBatch(run=run, records=batch).model_dump_json())
+        deadline = time.perf_counter() + 10
+        while len(lat) < n * clients and time.perf_counter() < deadline:
+            await asyncio.sleep(0.05)
+        for t in tasks:
+            t.cancel()
+        ack_task.cancel()
+        for ws in lives:
+            await ws.close()
+    return lat
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def million(data: Path) -> tuple[float, float, float]:
+    """Build a 1M-step run through the storage writer; time the dashboard's queries."""
+    from gradwatch.server.queries import Reader
+    from gradwatch.server.storage import Store
+
+    store = Store(data)
+    t = time.perf_counter()
+    recs = records("million", 1_000_000)
+    for i in range(0, len(recs), 5000):
+        store.ingest(IngestBatch(run="million", records=recs[i:i + 5000]))
+    build = time.perf_counter() - t
+    store.close()
+    reader = Reader(data)
+    t = time.perf_counter()
+    series = reader.steps("million", max_points=4000)
+    assert series is not None and series.total == 1_000_000
+    series.model_dump_json()
+    query = time.perf_counter() - t
+    t = time.perf_counter()
+    params = reader.params("million", "AdamW#0", max_points=500)
+    assert params is not None
+    params.model_dump_json()
+    return build, query, time.perf_counter() - t
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=60_000, help="step records per ingest test")
+    p.add_argument("--seconds", type=float, default=5.0, help="length of each latency test")
+    p.add_argument("--no-million", action="store_true", help="skip the 1M-step query")
+    a = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="gradwatch-bench-") as d:
+        srv = ServerProc(Path(d) / "data", None, "--max-msgs-per-sec", "100000",
+                         "--max-live-clients", "500")
+        with srv:
+            one = throughput(srv, 1, a.steps, "one")
+            print(f"ingest, 1 connection:   {one:10,.0f} step records/s stored "
+                  f"({a.steps:,} records)", flush=True)
+            eight = throughput(srv, 8, a.steps // 8, "eight")
+            print(f"ingest, 8 connections:  {eight:10,.0f} step records/s stored "
+                  f"({a.steps // 8 * 8:,} records)", flush=True)
+            for clients in (1, 50):
+                lat = asyncio.run(latency(srv, clients, a.seconds, f"lat{clients}"))
+                got = len(lat) / max(1, int(1000 * a.seconds) * clients)
+                print(f"live latency, {clients:2d} client{'s' if clients > 1 else ' '} at "
+                      f"1,000 steps/s: p50 {pct(lat, .5) * 1e3:6.1f} ms  p99 "
+                      f"{pct(lat, .99) * 1e3:6.1f} ms  (received {got:.1%} of rows)",
+                      flush=True)
+            with urllib.request.urlopen(srv.http + "/healthz") as r:
+                assert json.loads(r.read())["status"] == "ok"
+        if not a.no_million:
+            build, query, params = million(Path(d) / "million")
+            print(f"1,000,000-step run: GET steps?max_points=4000 {query * 1e3:.0f} ms, "
+                  f"GET params?max_points=500 {params * 1e3:.0f} ms (built in {build:.0f} s "
+                  f"through the storage writer, {1e6 / build:,.0f} records/s)")
+    print("targets (2 cores): >= 20,000 step records/s; p99 < 50 ms with 50 live clients")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

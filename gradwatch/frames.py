@@ -1,0 +1,186 @@
+"""Frames on the server's websockets other than the records of :mod:`gradwatch.wire`.
+
+Ingest control frames (``hello``, ``ack``, ``resume``) and the live frames the dashboard
+receives (``runs``, ``run``, ``snapshot``, ``steps``, ``findings``, ``optimizer``,
+``deleted``) are defined here once, each with a ``type`` field, so the server, the probe's
+streamer, replay and the tests build them from models instead of hand-built dicts. This
+module imports neither torch nor fastapi. :func:`json_schema` returns the schema of the
+whole protocol (records + frames) served at ``GET /api/schema``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gradwatch import wire
+from gradwatch.wire import Finding, Header
+
+RunId = str
+RunStatus = Literal["live", "finished", "failed", "interrupted"]
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+
+class Hello(_Frame):
+    """Client → server on ``/ws/ingest``: "where should I restart this stream?"."""
+
+    type: Literal["hello"] = "hello"
+    v: int = wire.PROTOCOL_VERSION
+    run: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    rank: int = Field(default=0, ge=0)
+
+    @field_validator("v")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        return Header._known_version(v)
+
+
+class Ack(_Frame):
+    """Server → client: every record of (run, rank) with ``seq`` ≤ this one is stored."""
+
+    type: Literal["ack"] = "ack"
+    run: str
+    rank: int
+    seq: int
+
+
+class Resume(_Frame):
+    """Server → client answer to :class:`Hello`: highest stored seq (-1 if none)."""
+
+    type: Literal["resume"] = "resume"
+    run: str
+    rank: int
+    seq: int
+
+
+class RunSummary(_Frame):
+    """One run as the run list shows it."""
+
+    id: str
+    name: str
+    status: RunStatus
+    started: float
+    updated: float
+    steps: int
+    findings: int
+    ranks: list[int]
+    optimizers: list[str]
+    dropped: int
+    torch_version: str
+
+
+class OptimizerView(_Frame):
+    """An optimizer of one rank, with its parameter names."""
+
+    rank: int
+    opt: str
+    cls: str
+    params: list[str]
+    shapes: list[list[int]]
+    groups: list[int]
+
+
+class ResetCount(_Frame):
+    """Resets of one kind at a step, with the number of parameters they touched."""
+
+    how: str
+    n: int
+
+
+class StepSeries(_Frame):
+    """Columnar step rows (one per step record), sorted by rank, opt, step."""
+
+    rank: list[int] = Field(default_factory=list)
+    opt: list[str] = Field(default_factory=list)
+    step: list[int] = Field(default_factory=list)
+    t: list[float] = Field(default_factory=list)
+    norm: list[float | None] = Field(default_factory=list)
+    fresh_norm: list[float | None] = Field(default_factory=list)
+    drift: list[float | None] = Field(default_factory=list)
+    stale: list[int] = Field(default_factory=list)
+    leaked: list[int] = Field(default_factory=list)
+    late: list[int] = Field(default_factory=list)
+    discarded: list[int] = Field(default_factory=list)
+    skipped: list[bool] = Field(default_factory=list)
+    resets: list[list[ResetCount]] = Field(default_factory=list)
+    bucket: int = 1
+    downsampled: bool = False
+    total: int = 0
+
+
+STEP_COLUMNS = ("rank", "opt", "step", "t", "norm", "fresh_norm", "drift", "stale",
+                "leaked", "late", "discarded", "skipped", "resets")
+"""The per-row columns of :class:`StepSeries`, in order."""
+
+
+class ParamSeries(_Frame):
+    """Per-parameter norms of one (rank, opt) over steps (``GET .../params``)."""
+
+    opt: str
+    rank: int
+    params: list[str]
+    step: list[int]
+    norm: list[list[float | None]]
+    fresh_norm: list[list[float | None]]
+    bucket: int = 1
+
+
+class RunsFrame(_Frame):
+    type: Literal["runs"] = "runs"
+    runs: list[RunSummary]
+
+
+class RunFrame(_Frame):
+    type: Literal["run"] = "run"
+    run: RunSummary
+
+
+class DeletedFrame(_Frame):
+    type: Literal["deleted"] = "deleted"
+    run: str
+
+
+class SnapshotFrame(_Frame):
+    type: Literal["snapshot"] = "snapshot"
+    run: RunSummary
+    optimizers: list[OptimizerView]
+    steps: StepSeries
+    findings: list[Finding]
+
+
+class StepsFrame(_Frame):
+    type: Literal["steps"] = "steps"
+    run: str
+    steps: StepSeries
+    decimated: bool = False
+
+
+class FindingsFrame(_Frame):
+    type: Literal["findings"] = "findings"
+    run: str
+    findings: list[Finding]
+
+
+class OptimizerFrame(_Frame):
+    type: Literal["optimizer"] = "optimizer"
+    run: str
+    optimizer: OptimizerView
+
+
+LIVE_FRAMES: tuple[type[_Frame], ...] = (RunsFrame, RunFrame, DeletedFrame, SnapshotFrame,
+                                         StepsFrame, FindingsFrame, OptimizerFrame)
+INGEST_FRAMES: tuple[type[_Frame], ...] = (Hello, Ack, Resume)
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of the whole protocol: wire records and every socket frame."""
+    out = wire.json_schema()
+    out["ingest_frames"] = {m.__name__: m.model_json_schema() for m in INGEST_FRAMES}
+    out["live_frames"] = {m.__name__: m.model_json_schema() for m in LIVE_FRAMES}
+    out["shapes"] = {m.__name__: m.model_json_schema()
+                     for m in (RunSummary, OptimizerView, StepSeries, ParamSeries)}
+    return out

@@ -1,0 +1,156 @@
+"""``gradwatch replay LOG``: send a saved step log into a server as a new run.
+
+The log is read with the strict reader (exit 2 on an invalid log), given a fresh run id,
+and re-timed so it shows as live: at its recorded pace times ``--speed``, or as fast as
+possible with ``--fast``. Records are written to a temporary spool and sent by the probe's
+:class:`~gradwatch.probe.stream.Streamer` (resume on reconnect, nothing sent twice).
+Exit codes: 0 sent, 1 the server did not take it all, 2 bad arguments or invalid log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+from gradwatch.steplog import StepLogError, StepLogWriter, read_log
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"gradwatch replay: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="gradwatch replay", description=__doc__.splitlines()[0])
+    p.add_argument("log", help="a step log written by gradwatch")
+    p.add_argument("--server", default="ws://127.0.0.1:8765", help="server URL")
+    pace = p.add_mutually_exclusive_group()
+    pace.add_argument("--speed", type=float, default=1.0,
+                      help="replay at the recorded pace times X (default 1)")
+    pace.add_argument("--fast", action="store_true", help="send as fast as possible")
+    p.add_argument("--name", default=None, help="run name (default: '<name> (replay)')")
+    p.add_argument("--token", default=None, help="server token (or GRADWATCH_TOKEN)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds to wait for the server to take the rest at the end")
+    return p
+
+
+def streamer_module() -> Any:
+    """``gradwatch.probe.stream``, also where torch is missing.
+
+    The probe package imports torch on import; its streamer does not, and replay (a
+    torch-free tool) only needs the streamer, so without torch its file is loaded alone.
+    """
+    try:
+        from gradwatch.probe import stream
+
+        return stream
+    except ImportError:
+        spec = importlib.util.find_spec("gradwatch.probe")
+        if spec is None or not spec.submodule_search_locations:
+            raise
+        path = Path(list(spec.submodule_search_locations)[0]) / "stream.py"
+        sspec = importlib.util.spec_from_file_location("gradwatch_replay_stream", path)
+        if sspec is None or sspec.loader is None:
+            raise
+        module = importlib.util.module_from_spec(sspec)
+        sspec.loader.exec_module(module)
+        return module
+
+
+def new_run_id(run: str) -> str:
+    """A fresh run id derived from the log's (so a replay never merges into the original)."""
+    return f"{run[:40]}-replay-{secrets.token_hex(4)}"
+
+
+def dashboard_url(server: str, run: str) -> str:
+    """The dashboard page of ``run`` on the server at ``server`` (a ws:// or http:// URL)."""
+    parts = urlsplit(server)
+    scheme = "https" if parts.scheme in ("wss", "https") else "http"
+    return f"{scheme}://{parts.netloc}/?run={run}"
+
+
+def retimed(records: list[Any], t0: float, start: float, speed: float | None,
+            run: str, name: str) -> list[tuple[float, Any]]:
+    """``(send_at, record)`` pairs with times shifted so the run reads as live now.
+
+    ``speed=None`` (``--fast``) keeps the recorded spacing and sends everything at once.
+    """
+    out: list[tuple[float, Any]] = []
+    for r in records:
+        offset = (r.t - t0) / speed if speed else r.t - t0
+        update: dict[str, Any] = {"t": start + offset}
+        if r.type == "header":
+            update.update(run=run, run_name=name, started=start + (r.started - t0) /
+                          (speed or 1.0))
+        out.append((start + offset if speed else start, r.model_copy(update=update)))
+    return out
+
+
+def main(argv: Sequence[str]) -> int:
+    """Entry point of ``gradwatch replay``."""
+    a = _parser().parse_args(argv)
+    if a.speed <= 0:
+        print("gradwatch replay: --speed must be positive", file=sys.stderr)
+        return 2
+    try:
+        log = read_log(a.log)
+    except StepLogError as e:
+        print(f"gradwatch replay: {e}", file=sys.stderr)
+        return 2
+    stream = streamer_module()
+    Streamer, ingest_url = stream.Streamer, stream.ingest_url
+    try:
+        ingest_url(a.server)
+    except ValueError as e:
+        print(f"gradwatch replay: {e}", file=sys.stderr)
+        return 2
+    for w in log.warnings:
+        print(f"gradwatch replay: warning: {w}", file=sys.stderr)
+    run = new_run_id(log.header.run)
+    name = a.name or f"{log.header.run_name or log.header.run} (replay)"
+    token = a.token or os.environ.get("GRADWATCH_TOKEN") or None
+    start = time.time()
+    plan = retimed([log.header, *log.records], log.header.t, start,
+                   None if a.fast else a.speed, run, name)
+    print(f"replaying {a.log} ({len(plan)} records) as run {run}\n"
+          f"dashboard: {dashboard_url(a.server, run)}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="gradwatch-replay-") as d:
+        spool = Path(d) / "spool.jsonl"
+        writer = StepLogWriter(spool, flush_every=0.05)
+        streamer = Streamer(a.server, spool, run, log.header.rank, token)
+        streamer.start()
+        try:
+            for send_at, rec in plan:
+                delay = send_at - time.time()
+                if delay > 0.02:
+                    writer.flush()
+                    streamer.notify()
+                    time.sleep(delay)
+                writer.write(rec)
+            writer.flush()
+            streamer.notify()
+        except KeyboardInterrupt:
+            print("gradwatch replay: interrupted; sending what was written", file=sys.stderr)
+        finally:
+            writer.close()
+            streamer.close(timeout=a.timeout)
+        stats = streamer.stats()
+    if stats["disabled"] or stats["acked_seq"] < plan[-1][1].seq:
+        why = stats["disabled"] or "the server was unreachable or did not ack in time"
+        print(f"gradwatch replay: sent {stats['sent']} of {len(plan)} records: {why}",
+              file=sys.stderr)
+        return 1
+    print(f"sent {stats['sent']} records as run {run}")
+    return 0

@@ -1,0 +1,260 @@
+"""``gradwatch.watch()`` and its handle: validate, wire tracker -> writer -> streamer, undo.
+
+``watch()`` checks its arguments at once (``TypeError``/``ValueError`` with a sentence to act
+on). The handle is a context manager; ``close()`` removes every hook, restores every
+wrapper, writes ``Stats`` and ``End`` and flushes the step log. An ``atexit`` hook closes a
+handle the program forgot.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from gradwatch.probe import context, names, patches
+from gradwatch.probe.tracker import Tracker
+from gradwatch.probe.writer import RecordWriter
+
+from gradwatch import __version__
+from gradwatch.wire import End, Finding, Header, Stats
+
+log = logging.getLogger("gradwatch.probe")
+
+_SCHEMES = ("ws://", "wss://", "http://", "https://")
+
+
+def unwrap(opt: Any) -> torch.optim.Optimizer | None:
+    """The real ``torch.optim.Optimizer`` inside a wrapper (Accelerate, Lightning), or None."""
+    for _ in range(8):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            inner = getattr(opt, "_optimizer", None)
+        if isinstance(opt, torch.optim.Optimizer) and not isinstance(
+                inner, torch.optim.Optimizer):
+            return opt
+        if inner is None or inner is opt:
+            return None
+        opt = inner
+    return None
+
+
+def _validate(optimizer_or_list: Any, model: Any, log_: Any, server: Any, run_name: Any,
+              norms_every: Any, names_: Any) -> tuple[list[torch.optim.Optimizer],
+                                                      list[str | None]]:
+    items = (list(optimizer_or_list) if isinstance(optimizer_or_list, (list, tuple))
+             else [optimizer_or_list])
+    if not items:
+        raise ValueError("gradwatch.watch() got an empty list: pass at least one optimizer, "
+                         "e.g. gradwatch.watch([g_opt, d_opt]).")
+    opts: list[torch.optim.Optimizer] = []
+    for x in items:
+        o = unwrap(x)
+        if o is None:
+            raise TypeError(f"gradwatch.watch() needs torch.optim.Optimizer objects (or a "
+                            f"list of them); got {type(x).__name__}. Pass the optimizer you "
+                            f"call .step() on, e.g. gradwatch.watch(optimizer).")
+        if any(o is p for p in opts):
+            raise ValueError(f"gradwatch.watch() got the same {type(o).__name__} twice; "
+                             f"pass each optimizer once.")
+        opts.append(o)
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model= must be a torch.nn.Module (used for parameter names); got "
+                        f"{type(model).__name__}.")
+    if log_ is not None:
+        if not isinstance(log_, (str, os.PathLike)):
+            raise TypeError(f"log= must be a file path (str or pathlib.Path); got "
+                            f"{type(log_).__name__}.")
+        if Path(log_).is_dir():
+            raise ValueError(f"log={str(log_)!r} is a directory; give a file path such as "
+                             f"{str(Path(log_) / 'run.jsonl')!r}.")
+    if server is not None and (not isinstance(server, str) or not server.startswith(_SCHEMES)):
+        raise ValueError(f"server= must be a URL starting with ws://, wss://, http:// or "
+                         f"https://, e.g. 'http://127.0.0.1:8765'; got {server!r}.")
+    if run_name is not None and (not isinstance(run_name, str) or len(run_name) > 200):
+        raise TypeError("run_name= must be a string of at most 200 characters.")
+    if isinstance(norms_every, bool) or not isinstance(norms_every, int) or norms_every < 0:
+        raise ValueError(f"norms_every= must be an int >= 0 (1 = every step, N = every Nth "
+                         f"step, 0 = never); got {norms_every!r}.")
+    labels: list[str | None] = [None] * len(opts)
+    if names_ is not None:
+        if isinstance(names_, Mapping):
+            for k, v in names_.items():
+                o = unwrap(k)
+                idx = [i for i, p in enumerate(opts) if p is o]
+                if not idx:
+                    raise ValueError("names= has a key that is not one of the watched "
+                                     "optimizers.")
+                labels[idx[0]] = str(v)
+        elif isinstance(names_, Sequence) and not isinstance(names_, str):
+            if len(names_) != len(opts):
+                raise ValueError(f"names= has {len(names_)} names for {len(opts)} "
+                                 f"optimizers; give one name per optimizer.")
+            labels = [str(n) for n in names_]
+        else:
+            raise TypeError("names= must be a list of names (one per optimizer) or a dict "
+                            "{optimizer: name}.")
+        if len({x for x in labels if x}) != len([x for x in labels if x]):
+            raise ValueError("names= must be unique.")
+    return opts, labels
+
+
+class WatchHandle:
+    """A watch session. Use as a context manager or call :meth:`close`."""
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer],
+                 labels: Sequence[str | None] = (), *, model: torch.nn.Module | None = None,
+                 log: str | os.PathLike[str] | None = None, server: str | None = None,
+                 run_name: str | None = None, norms_every: int = 1,
+                 run_id: str | None = None, auto: bool = False,
+                 namer: Callable[[list[torch.Tensor]], list[str]] | None = None) -> None:
+        self.run_id = context.run_id(run_id)
+        self.rank, self.world_size = context.rank_world()
+        self.server = server
+        path: Path | None = None
+        if log is not None:
+            path = context.log_path(log, self.rank, self.world_size)
+        elif server is not None:
+            path = context.spool_path(self.run_id, self.rank)
+        self.path = path
+        now = time.time()
+        header = Header(seq=0, t=now, run=self.run_id,
+                        run_name=(run_name or self.run_id)[:200], rank=self.rank,
+                        world_size=self.world_size, torch_version=torch.__version__[:64],
+                        gradwatch_version=__version__, started=now,
+                        host=socket.gethostname()[:255], pid=os.getpid(),
+                        argv=[str(a) for a in sys.argv[:256]], norms_every=norms_every)
+        self.writer = RecordWriter(header, path)
+        self.streamer: Any = None
+        if server is not None and path is not None:
+            self.streamer = _start_streamer(server, path, self.run_id, self.rank)
+            self.writer.streamer = self.streamer
+        if namer is None and model is not None:
+            namer = names.from_model(model)
+        self.tracker = Tracker(self.writer.put, norms_every=norms_every, namer=namer,
+                               auto=auto, on_disable=self._on_disable)
+        self._closed = False
+        patches.register(self.tracker, auto=auto)
+        try:
+            padded = list(labels) + [None] * (len(optimizers) - len(labels))
+            for opt, label in zip(optimizers, padded, strict=True):
+                self.tracker.attach(opt, label)
+        except Exception:
+            self.close()
+            raise
+        atexit.register(self._atexit)
+
+    def _on_disable(self, reason: str) -> None:
+        self.writer.put(Stats(seq=0, t=time.time(), dropped=self.writer.dropped,
+                              disabled=reason))
+
+    def findings(self) -> list[Finding]:
+        """Findings so far (records already written by the writer thread)."""
+        return self.writer.judge.findings()
+
+    @property
+    def disabled(self) -> str | None:
+        """Why the probe turned itself off, or None while it runs."""
+        return self.tracker.disabled
+
+    def close(self, status: str = "finished", exit_code: int | None = None) -> None:
+        """Remove every hook and wrapper, write ``Stats`` and ``End``, flush. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._atexit)
+        self.tracker.close()
+        patches.unregister(self.tracker)
+        dropped = self.writer.dropped
+        extra = _streamer_stats(self.streamer)
+        self.writer.put_blocking(Stats(seq=0, t=time.time(),
+                                       dropped=dropped + extra.get("dropped", 0),
+                                       spooled=extra.get("spooled", 0),
+                                       disabled=self.tracker.disabled))
+        self.writer.put_blocking(End(seq=0, t=time.time(), status=status,  # type: ignore[arg-type]
+                                     exit_code=exit_code, steps=self.tracker.steps,
+                                     dropped=dropped + extra.get("dropped", 0)))
+        self.writer.close()
+        if self.streamer is not None:
+            try:
+                self.streamer.close(timeout=5.0)
+            except Exception:  # noqa: BLE001
+                log.warning("gradwatch: closing the streamer failed", exc_info=True)
+
+    def _atexit(self) -> None:
+        self.close(status="failed" if getattr(sys, "last_value", None) is not None
+                   else "finished")
+
+    def __enter__(self) -> WatchHandle:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.close(status="interrupted")
+        else:
+            self.close(status="failed")
+
+
+def _start_streamer(server: str, path: Path, run: str, rank: int) -> Any:
+    try:
+        from gradwatch.probe.stream import Streamer
+
+        s = Streamer(server, path, run, rank, token=os.environ.get("GRADWATCH_TOKEN"))
+        s.start()
+        return s
+    except Exception as e:  # noqa: BLE001 - streaming is optional; the log goes on
+        log.warning("gradwatch: cannot stream to %s (%s: %s); writing the step log %s only",
+                    server, type(e).__name__, e, path)
+        return None
+
+
+def _streamer_stats(streamer: Any) -> dict[str, int]:
+    if streamer is None:
+        return {}
+    try:
+        return {k: int(v) for k, v in dict(streamer.stats()).items()
+                if k in ("dropped", "spooled")}
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def watch(optimizer_or_list: Any, *, model: torch.nn.Module | None = None,
+          log: str | os.PathLike[str] | None = None, server: str | None = None,
+          run_name: str | None = None, norms_every: int = 1,
+          names: Sequence[str] | Mapping[Any, str] | None = None,
+          run_id: str | None = None) -> WatchHandle:
+    """Watch optimizers for gradient-reset bugs.
+
+    Args:
+        optimizer_or_list: an optimizer, a wrapper of one (Accelerate, Lightning), or a list.
+        model: the module owning the parameters, for parameter names.
+        log: path of the JSON Lines step log (``<stem>.rank<R><suffix>`` per rank when the
+            world size is above 1).
+        server: gradwatch server URL to stream to (the log, or a spool file, is the buffer).
+        run_name: display name of the run.
+        norms_every: sample gradient norms every N steps (0 = never); judging is every step.
+        names: display names of the optimizers (a list, or a dict optimizer -> name).
+        run_id: run id shared by the ranks (default ``GRADWATCH_RUN_ID``, then
+            ``TORCHELASTIC_RUN_ID``, then random).
+
+    Returns:
+        A handle: a context manager with ``close()`` and ``findings()``.
+
+    Raises:
+        TypeError, ValueError: an argument is wrong; the message says how to fix it.
+    """
+    opts, labels = _validate(optimizer_or_list, model, log, server, run_name, norms_every,
+                             names)
+    if run_id is not None and not isinstance(run_id, str):
+        raise TypeError("run_id= must be a string.")
+    return WatchHandle(opts, labels, model=model, log=log, server=server, run_name=run_name,
+                       norms_every=norms_every, run_id=run_id)

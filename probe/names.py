@@ -1,0 +1,64 @@
+"""Parameter names for ``OptimizerInfo``: from the model, from the live modules, or by position.
+
+With ``model=`` the names are ``model.named_parameters()`` names. Under ``gradwatch run``
+the probe does not know the model, so at attach time it looks once (via ``gc``) for the
+root modules that own the optimizer's parameters; with several roots (a GAN's generator
+and discriminator) names get the root's class name as a prefix. Anything else is named
+``group{g}.param{i}``.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+def positional(groups: Sequence[int]) -> list[str]:
+    seen: dict[int, int] = {}
+    out = []
+    for g in groups:
+        i = seen.get(g, 0)
+        seen[g] = i + 1
+        out.append(f"group{g}.param{i}")
+    return out
+
+
+def from_model(model: torch.nn.Module) -> Callable[[list[torch.Tensor]], list[str]]:
+    """A namer using ``model.named_parameters()`` (positional names for the rest)."""
+    table: dict[torch.Tensor, str] = {
+        p: n for n, p in model.named_parameters(remove_duplicate=False)}
+    return lambda params: _lookup(params, table)
+
+
+def from_live_modules(params: list[torch.Tensor]) -> list[str]:
+    """Names from the root modules found in memory that own ``params``."""
+    wanted = set(params)
+    modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+    children: set[int] = set()
+    for m in modules:
+        for c in m.children():
+            children.add(id(c))
+    owners: list[tuple[torch.nn.Module, dict[torch.Tensor, str]]] = []
+    for m in modules:
+        if id(m) in children:
+            continue
+        table: dict[torch.Tensor, str] = {
+            p: n for n, p in m.named_parameters(remove_duplicate=False) if p in wanted}
+        if table:
+            owners.append((m, table))
+    owners.sort(key=lambda o: -len(o[1]))
+    prefix = len(owners) > 1
+    merged: dict[torch.Tensor, str] = {}
+    for m, table in owners:
+        for p, n in table.items():
+            merged.setdefault(p, f"{type(m).__name__}.{n}" if prefix else n)
+    return _lookup(params, merged)
+
+
+def _lookup(params: list[torch.Tensor], table: dict[torch.Tensor, str]) -> list[str]:
+    out = []
+    for i, p in enumerate(params):
+        out.append(table.get(p, f"param{i}"))
+    return out

@@ -1,0 +1,126 @@
+"""Gradient norms in batches: one ``_foreach_norm`` and one stacked tensor per step.
+
+Nothing here reads a value back to the host except :func:`values`, used only on the rare
+suspicious path (content already consumed, no new contribution). Sampled norms stay on the
+device; the writer thread copies them to the host, so the training thread never waits.
+
+Fresh norms (the contributions added since the previous step): where a parameter's
+``.grad`` holds only fresh contributions (every clean step) the fresh norm *is* the norm,
+with no extra kernel. Where it also holds contributions consumed before (a missed reset),
+the exact fresh part is ``grad - grad_at_last_step``; that needs a copy of the consumed
+gradient, which the probe keeps only for optimizers that have already shown stale
+consumption (the bug path). Where the fresh part is not exactly known it is ``None``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+def _norm_list(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Norms of ``grads`` as one 1-D float tensor (dense grads batched, sparse one by one)."""
+    if not grads:
+        return torch.zeros(0)
+    dense = [g for g in grads if not g.is_sparse]
+    if len(dense) == len(grads):
+        ns = list(torch._foreach_norm(grads))
+    else:
+        dn = iter(torch._foreach_norm(dense)) if dense else iter(())
+        ns = [torch.linalg.vector_norm(g.coalesce().values()) if g.is_sparse else next(dn)
+              for g in grads]
+    if not ns:
+        return torch.zeros(0)
+    try:
+        return torch.stack(ns)
+    except RuntimeError:  # several devices or dtypes: gather on the host
+        return torch.stack([n.detach().float().cpu() for n in ns])
+
+
+def values(grads: list[torch.Tensor]) -> list[float]:
+    """Norms of ``grads`` on the host (one copy for the whole list)."""
+    with torch.no_grad():
+        out: list[float] = _norm_list(grads).tolist()
+    return out
+
+
+@dataclass
+class NormSample:
+    """Norms of one step, still on the device.
+
+    ``ks`` are the parameter indices that had a gradient; ``norms[j]`` and ``fresh[j]``
+    belong to ``ks[j]``; positions in ``unknown`` have no exact fresh norm.
+    """
+
+    n_params: int
+    ks: list[int]
+    norms: torch.Tensor
+    fresh: torch.Tensor
+    unknown: list[int]
+
+    def host(self) -> tuple[list[float | None], list[float | None], bool]:
+        """Per-parameter ``(norms, fresh_norms, all_fresh_known)``, ``None`` where unknown."""
+        per: list[float | None] = [None] * self.n_params
+        fresh: list[float | None] = [None] * self.n_params
+        nv = self.norms.tolist()
+        fv = nv if self.fresh is self.norms else self.fresh.tolist()
+        for j, k in enumerate(self.ks):
+            per[k] = nv[j]
+            fresh[k] = fv[j]
+        for j in self.unknown:
+            fresh[self.ks[j]] = None
+        return per, fresh, not self.unknown
+
+
+def sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
+           mixed: list[tuple[int, int]], baseline: list[Any] | None) -> NormSample:
+    """Norms of this step's gradients and of their fresh part.
+
+    Args:
+        grads: the gradients the step read, ``None`` where a parameter has none.
+        scale: GradScaler's scale when the optimizer unscales itself (fused), else None.
+        zero: indices whose gradient holds no fresh contribution (fresh norm 0).
+        mixed: ``(k, n_new)`` for gradients holding stale and fresh contributions.
+        baseline: copies taken at the previous step (bug path), or None.
+    """
+    ks = [k for k, g in enumerate(grads) if g is not None]
+    with torch.no_grad():
+        present = [grads[k] for k in ks]
+        norms = _norm_list(present)  # type: ignore[arg-type]
+        if scale is not None:
+            norms = norms / scale.to(norms.device)
+        if not zero and not mixed:
+            return NormSample(len(grads), ks, norms, norms, [])
+        pos = {k: j for j, k in enumerate(ks)}
+        fresh = norms.clone()
+        if zero:
+            fresh[[pos[k] for k in zero if k in pos]] = 0.0
+        unknown: list[int] = []
+        exact: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        for k, n_new in mixed:
+            g = grads[k]
+            base = baseline[k] if baseline is not None else None
+            if (g is None or base is None or base[1]() is not g
+                    or g._version != base[2] + n_new):
+                if k in pos:
+                    unknown.append(pos[k])
+            else:
+                exact.append((pos[k], g, base[0]))
+        if exact:
+            diffs = torch._foreach_sub([e[1] for e in exact], [e[2] for e in exact])
+            dn = _norm_list(list(diffs))
+            if scale is not None:
+                dn = dn / scale.to(dn.device)
+            fresh[[e[0] for e in exact]] = dn.to(fresh.device, fresh.dtype)
+    return NormSample(len(grads), ks, norms, fresh, unknown)
+
+
+def snapshot(grads: list[torch.Tensor | None]) -> list[Any]:
+    """Copies of the consumed gradients (bug path only), with identity and version."""
+    ref = weakref.ref
+    with torch.no_grad():
+        return [None if g is None or g.is_sparse else (g.detach().clone(), ref(g), g._version)
+                for g in grads]

@@ -1,0 +1,182 @@
+"""Class-level wrappers shared by every open watch session, installed while one is open.
+
+There is no zero_grad hook in PyTorch and GradScaler skips ``optimizer.step()`` without a
+hook firing, so while a session is open ``Optimizer.zero_grad``, ``Module.zero_grad`` and
+``GradScaler.step`` are wrapped (extra signals that label resets and see skipped steps;
+the truth stays the state of ``.grad``). In ``gradwatch run`` mode ``Optimizer.__init__`` is
+wrapped too, to attach to each optimizer the script creates. The last session to close
+restores the originals.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from gradwatch.probe.tracker import Tracker
+
+log = logging.getLogger("gradwatch.probe")
+
+_lock = threading.Lock()
+_active: list[Tracker] = []
+_auto: list[Tracker] = []
+_saved: list[tuple[Any, str, Any]] = []
+
+
+def _scaler_classes() -> list[type]:
+    out: list[type] = []
+    amp = getattr(torch, "amp", None)
+    if amp is not None and hasattr(amp, "GradScaler"):
+        out.append(amp.GradScaler)
+    try:
+        from torch.cuda.amp import GradScaler as CudaScaler
+
+        if "step" in CudaScaler.__dict__:
+            out.append(CudaScaler)
+    except ImportError:  # pragma: no cover - torch without CUDA amp module
+        pass
+    return out
+
+
+def _wrap(owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
+    orig = owner.__dict__[attr]
+    _saved.append((owner, attr, orig))
+    wrapper = make(orig)
+    wrapper.__gradwatch_original__ = orig
+    setattr(owner, attr, wrapper)
+
+
+def _make_opt_zero_grad(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        for t in tuple(_active):
+            t.opt_zero_grad(self)
+        return out
+
+    return zero_grad
+
+
+def _make_mod_zero_grad(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        for t in tuple(_active):
+            t.module_zero_grad(self)
+        return out
+
+    return zero_grad
+
+
+def _make_scaler_step(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        tokens = []
+        for t in tuple(_active):
+            try:
+                tokens.append((t, t.scaler_before(optimizer)))
+            except Exception as e:  # noqa: BLE001
+                t.fail(e)
+        out = orig(self, optimizer, *args, **kwargs)
+        for t, tok in tokens:
+            t.scaler_after(tok)
+        return out
+
+    return step
+
+
+def _make_opt_init(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        for t in tuple(_auto):
+            if t.mode >= 0:
+                try:
+                    t.attach(self, instance_hooks=False)
+                except Exception as e:  # noqa: BLE001
+                    t.fail(e)
+
+    return __init__
+
+
+def _global_pre(opt: Any, args: Any, kwargs: Any) -> Any:
+    result = None
+    for t in tuple(_auto):
+        r = t.pre(opt, args if result is None else result[0],
+                  kwargs if result is None else result[1])
+        if r is not None:
+            result = r
+    return result
+
+
+def _global_post(opt: Any, args: Any, kwargs: Any) -> None:
+    for t in tuple(_auto):
+        t.post(opt, args, kwargs)
+
+
+_global_handles: list[Any] = []
+
+
+def _install() -> None:
+    _wrap(torch.optim.Optimizer, "zero_grad", _make_opt_zero_grad)
+    _wrap(torch.nn.Module, "zero_grad", _make_mod_zero_grad)
+    for cls in _scaler_classes():
+        _wrap(cls, "step", _make_scaler_step)
+
+
+def _install_auto() -> None:
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    _wrap(torch.optim.Optimizer, "__init__", _make_opt_init)
+    # compile traces into step hooks unless they are excluded
+    _global_handles.append(register_optimizer_step_pre_hook(
+        torch.compiler.disable(_global_pre)))
+    _global_handles.append(register_optimizer_step_post_hook(
+        torch.compiler.disable(_global_post)))
+
+
+def _restore(which: Callable[[Any, str], bool]) -> None:
+    keep = []
+    for owner, attr, orig in reversed(_saved):
+        if which(owner, attr):
+            setattr(owner, attr, orig)
+        else:
+            keep.append((owner, attr, orig))
+    _saved[:] = list(reversed(keep))
+
+
+def register(tracker: Tracker, auto: bool = False) -> None:
+    """Route the wrappers' signals to ``tracker`` (installing them if needed)."""
+    with _lock:
+        if not _active:
+            _install()
+        _active.append(tracker)
+        if auto:
+            if not _auto:
+                _install_auto()
+            _auto.append(tracker)
+
+
+def unregister(tracker: Tracker) -> None:
+    """Stop routing to ``tracker``; the last one out restores the originals."""
+    with _lock:
+        if tracker in _auto:
+            _auto.remove(tracker)
+            if not _auto:
+                for h in _global_handles:
+                    h.remove()
+                _global_handles.clear()
+                _restore(lambda owner, attr: attr == "__init__")
+        if tracker in _active:
+            _active.remove(tracker)
+            if not _active:
+                _restore(lambda owner, attr: True)

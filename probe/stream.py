@@ -1,0 +1,263 @@
+"""The probe's streamer: one thread tails the spool (the step log) and sends it to a server.
+
+The training loop only calls :meth:`Streamer.notify` (sets an event). The streamer thread
+owns the websocket: it reads complete lines from the spool, validates them with the wire
+models, sends them in :class:`~gradwatch.wire.IngestBatch` frames (a few in flight) and
+advances on the server's acks. When the server is down, records simply stay in the spool;
+on reconnect (exponential backoff) it asks the server where to resume (``hello`` →
+``resume``) and sends the rest, so nothing is lost or stored twice. Imports neither torch
+nor fastapi.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import ValidationError
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.sync.client import ClientConnection, connect
+
+from gradwatch.frames import Ack, Hello, Resume
+from gradwatch.wire import IngestBatch, parse_record
+
+log = logging.getLogger(__name__)
+
+WINDOW = 4
+"""Batches in flight before waiting for an ack."""
+FATAL_CLOSE = {1003: "unsupported data", 1007: "invalid record", 1008: "refused by policy"}
+
+
+def ingest_url(server: str) -> str:
+    """``ws://host:port`` (or http://) → ``ws://host:port/ws/ingest``."""
+    parts = urlsplit(server)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("ws", "wss"):
+        raise ValueError(f"server URL must start with ws:// or wss://, got {server!r}")
+    path = parts.path if parts.path not in ("", "/") else "/ws/ingest"
+    return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+
+
+class Streamer:
+    """Sends the records of a spool file to ``/ws/ingest`` as they are appended.
+
+    Args:
+        url: server URL (``ws://127.0.0.1:8765``; ``/ws/ingest`` is added).
+        spool: the step log the probe writes (read-only here).
+        run: run id (the header's ``run``).
+        rank: process rank.
+        token: server token, sent as ``Authorization: Bearer``.
+        max_records / max_bytes: batch limits.
+    """
+
+    def __init__(self, url: str, spool: Path, run: str, rank: int = 0,
+                 token: str | None = None, *, max_records: int = 1000,
+                 max_bytes: int = 512 << 10, ack_timeout: float = 10.0,
+                 max_backoff: float = 5.0):
+        self.url = ingest_url(url)
+        self.spool = Path(spool)
+        self.run, self.rank, self.token = run, rank, token
+        self.max_records, self.max_bytes = max_records, max_bytes
+        self.ack_timeout, self.max_backoff = ack_timeout, max_backoff
+        self._wake = threading.Event()
+        self._stopping = False
+        self._deadline = float("inf")
+        self._thread: threading.Thread | None = None
+        self._ws: ClientConnection | None = None
+        self._read_off = 0  # next byte to read in the spool
+        self._acked_off = 0  # every line before this byte is stored by the server
+        self._acked_seq = -1
+        self._skip_le = -1  # records with seq <= this are already on the server
+        self._inflight: deque[tuple[int, int, int]] = deque()  # (last seq, end off, n)
+        self._stats: dict[str, Any] = {"sent": 0, "dropped": 0, "connected": False, "reconnects": 0,
+                       "acked_seq": -1, "backlog_bytes": 0, "disabled": None}
+
+    # -- API for the probe (any thread) -------------------------------------------------
+    def start(self) -> None:
+        """Start the sender thread (returns at once)."""
+        self._thread = threading.Thread(target=self._main, name="gradwatch-streamer",
+                                        daemon=True)
+        self._thread.start()
+
+    def notify(self) -> None:
+        """New lines were flushed to the spool (cheap; never blocks)."""
+        self._wake.set()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is left within ``timeout`` seconds, then stop.
+
+        Whatever could not be sent stays in the spool (replayable with ``gradwatch
+        replay``).
+        """
+        self._deadline = time.monotonic() + timeout
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout + 1.0)
+            if self._thread.is_alive():
+                ws = self._ws
+                if ws is not None:
+                    ws.close()
+                self._thread.join(2.0)
+        self._update_backlog()
+
+    def stats(self) -> dict[str, Any]:
+        """``sent`` (records the server stored), ``dropped``, ``connected``,
+        ``reconnects``, ``acked_seq``, ``backlog_bytes`` and ``disabled`` (why it
+        stopped, if it gave up)."""
+        return dict(self._stats)
+
+    # -- the thread ---------------------------------------------------------------------
+    def _main(self) -> None:
+        failures = 0
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        while not (self._stopping and time.monotonic() >= self._deadline):
+            try:
+                with connect(self.url, open_timeout=3.0, close_timeout=1.0,
+                             compression=None, additional_headers=headers,
+                             max_size=1 << 20) as ws:
+                    self._ws = ws
+                    self._handshake(ws)
+                    failures = 0
+                    while not self._pump(ws):
+                        pass
+                    return
+            except (ConnectionClosed, OSError, TimeoutError, InvalidHandshake,
+                    ValidationError) as e:
+                failures += 1
+                self._lost(e)
+            except Exception:  # an internal error: log once, stop streaming
+                log.exception("gradwatch streamer failed; records stay in %s", self.spool)
+                self._stats["disabled"] = "internal error (see log)"
+                return
+            finally:
+                self._ws = None
+                self._stats["connected"] = False
+            delay = min(self.max_backoff, 0.1 * 2 ** min(failures, 10))
+            delay *= 0.75 + random.random() / 2
+            if self._stopping:
+                delay = min(delay, max(0.0, self._deadline - time.monotonic()))
+            self._wake.wait(delay)
+            self._wake.clear()
+
+    def _handshake(self, ws: ClientConnection) -> None:
+        """Ask where to resume (``hello`` → ``resume``) and position the spool reader."""
+        ws.send(Hello(run=self.run, rank=self.rank).model_dump_json())
+        resume = Resume.model_validate_json(ws.recv(timeout=self.ack_timeout))
+        if self._stats["reconnects"] == 0:
+            log.info("gradwatch streamer: connected to %s", self.url)
+        self._stats["connected"] = True
+        self._inflight.clear()
+        self._skip_le = resume.seq
+        # The server may know more than we saw acked (acks lost with the connection), or
+        # less (a fresh data directory): then start over from the top of the spool.
+        self._read_off = self._acked_off if resume.seq >= self._acked_seq else 0
+
+    def _lost(self, e: BaseException) -> None:
+        code = getattr(getattr(e, "rcvd", None), "code", None)
+        reason = getattr(getattr(e, "rcvd", None), "reason", "")
+        was_connected = self._stats["connected"]
+        if code in FATAL_CLOSE:
+            self._stats["disabled"] = f"server closed {code} ({reason})"
+            log.error("gradwatch streamer: the server refused the stream (%s %s: %s); "
+                      "records stay in %s", code, FATAL_CLOSE[code], reason, self.spool)
+            self._stopping, self._deadline = True, 0.0
+        elif code == 1009:
+            self.max_bytes = max(4096, self.max_bytes // 2)
+            self.max_records = max(1, self.max_records // 2)
+        else:
+            log.debug("gradwatch streamer: no connection to %s: %s", self.url, e)
+        if was_connected:
+            self._stats["reconnects"] += 1
+
+    def _pump(self, ws: ClientConnection) -> bool:
+        """Send up to WINDOW batches, then take one ack. True when done (closing)."""
+        while len(self._inflight) < WINDOW:
+            batch = self._read_batch()
+            if batch is None:
+                break
+            ws.send(batch.model_dump_json())
+        if self._inflight:
+            ack = Ack.model_validate_json(ws.recv(timeout=self.ack_timeout))
+            while self._inflight and self._inflight[0][0] <= ack.seq:
+                _, off, n = self._inflight.popleft()
+                self._acked_off = off
+                self._stats["sent"] += n
+            self._acked_seq = max(self._acked_seq, ack.seq)
+            self._stats["acked_seq"] = self._acked_seq
+            return False
+        if self._stopping:
+            return True  # everything in the spool is stored
+        self._wake.wait(0.5)
+        self._wake.clear()
+        return False
+
+    def _read_batch(self) -> IngestBatch | None:
+        """The next batch of complete, valid, not-yet-stored lines, or ``None``."""
+        while True:
+            try:
+                with self.spool.open("rb") as fh:
+                    fh.seek(self._read_off)
+                    data = fh.read(max(self.max_bytes, 1 << 20))
+            except FileNotFoundError:
+                return None
+            end = data.rfind(b"\n")
+            if end < 0:
+                if len(data) >= 1 << 20:  # one line over a frame: it can never be sent
+                    self._skip_line()
+                    continue
+                return None
+            records: list[Any] = []
+            off, size, last_seq = self._read_off, 0, self._skip_le
+            for raw in data[:end + 1].split(b"\n")[:-1]:
+                if records and (len(records) >= self.max_records or size >= self.max_bytes):
+                    break
+                off += len(raw) + 1
+                if not raw.strip():
+                    continue
+                try:
+                    rec = parse_record(raw)
+                except ValidationError as e:
+                    self._stats["dropped"] += 1
+                    log.warning("gradwatch streamer: skipping an invalid spool line: %s",
+                                e.errors()[0].get("msg"))
+                    continue
+                if rec.seq <= self._skip_le:
+                    continue  # already on the server
+                records.append(rec)
+                size += len(raw)
+                last_seq = rec.seq
+            self._read_off = off
+            if records:
+                self._skip_le = last_seq
+                self._inflight.append((last_seq, off, len(records)))
+                return IngestBatch(run=self.run, rank=self.rank, records=records)
+            if not self._inflight:  # only lines the server already had: count them acked
+                self._acked_off = max(self._acked_off, off)
+
+    def _skip_line(self) -> None:
+        self._stats["dropped"] += 1
+        log.warning("gradwatch streamer: a spool line is over %d bytes; skipped it",
+                    self.max_bytes)
+        with self.spool.open("rb") as fh:
+            fh.seek(self._read_off)
+            while True:
+                chunk = fh.read(1 << 16)
+                if not chunk:
+                    return
+                i = chunk.find(b"\n")
+                if i >= 0:
+                    self._read_off += i + 1
+                    return
+                self._read_off += len(chunk)
+
+    def _update_backlog(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stats["backlog_bytes"] = max(0, self.spool.stat().st_size - self._acked_off)

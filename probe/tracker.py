@@ -1,0 +1,339 @@
+"""The hooks: contributions from post-accumulate-grad hooks, resets from ``.grad`` state.
+
+Hot path (per parameter, per backward): the hook appends the parameter's index to one list
+(and, only on the rare *armed* path after a step without a following ``zero_grad``, the
+grad object and its version). Backward passes are told apart by a marker the first hook of
+each backward appends, with an engine callback that ends it. Everything else runs once per
+step (step pre/post hooks), or in the ``zero_grad`` wrappers, in batches.
+
+Any internal error is logged once and the tracker turns itself off; training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from gradwatch.probe import judge
+from gradwatch.probe.names import positional
+from gradwatch.probe.state import OptState, PreCheck
+from torch.utils.hooks import RemovableHandle
+
+from gradwatch.wire import OptimizerInfo
+
+log = logging.getLogger("gradwatch.probe")
+
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+
+
+def _in_backward() -> bool:
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
+class Tracker:
+    """Tracks the optimizers of one watch session and produces step records."""
+
+    def __init__(self, emit: Callable[[Any], None], *, norms_every: int = 1,
+                 namer: Callable[[list[torch.Tensor]], list[str]] | None = None,
+                 auto: bool = False, on_disable: Callable[[str], None] | None = None):
+        self.mode = 0
+        """0 idle, 1 inside a backward pass, -1 turned off."""
+        self.bw = 0
+        self.phase = 0
+        self.stepped_since_bw = False
+        self.hits: list[Any] = []
+        self.drain_bw = 0
+        self.owner: list[tuple[OptState, int]] = []
+        self.by_opt: dict[Any, OptState] = {}
+        self.by_param: dict[torch.Tensor, list[tuple[OptState, int]]] = {}
+        self.first: dict[int, tuple[int, int]] = {}
+        """Backward id -> (optimizer uid, phase) of the first step that consumed it."""
+        self.observed: set[int] = set()
+        """Backward ids whose contributions a GradScaler-skipped step looked at."""
+        self.handles: list[RemovableHandle] = []
+        self.armed: set[OptState] = set()
+        """Optimizers whose consumed gradients no zero_grad has cleared yet."""
+        self.emit = emit
+        self.norms_every = norms_every
+        self.namer = namer
+        self.auto = auto
+        self.on_disable = on_disable
+        self.disabled: str | None = None
+        self.steps = 0
+        self._names_taken: set[str] = set()
+
+    # ---------------------------------------------------------------- attach
+    def attach(self, opt: torch.optim.Optimizer, name: str | None = None,
+               instance_hooks: bool = True) -> OptState:
+        """Start tracking ``opt``; returns its state (existing one if already tracked)."""
+        st = self.by_opt.get(opt)
+        if st is not None:
+            return st
+        params: list[torch.Tensor] = []
+        groups: list[int] = []
+        for gi, group in enumerate(opt.param_groups):
+            for p in group["params"]:
+                params.append(p)
+                groups.append(gi)
+        if name is None:
+            name = f"{type(opt).__name__}#{len(self.by_opt)}"
+        while name in self._names_taken:
+            name += "'"
+        self._names_taken.add(name)
+        st = OptState(opt, len(self.by_opt), name, params, groups)
+        self.by_opt[opt] = st
+        for k, p in enumerate(params):
+            self.by_param.setdefault(p, []).append((st, k))
+            self._hook(st, k)
+            if p.grad is not None:
+                # Content from before we attached: fresh for the first step, but never
+                # judged as discarded or late (we did not see where it came from).
+                self.bw += 1
+                st.new[k].append(self.bw)
+                self.observed.add(self.bw)
+        if instance_hooks:
+            self.handles.append(opt.register_step_pre_hook(self.pre))
+            self.handles.append(opt.register_step_post_hook(self.post))
+        names = self.namer(params) if self.namer else positional(groups)
+        self.emit(OptimizerInfo(seq=0, t=time.time(), opt=name, cls=type(opt).__name__,
+                                params=names, shapes=[list(p.shape) for p in params],
+                                groups=groups))
+        return st
+
+    def _hook(self, st: OptState, k: int) -> None:
+        p = st.params[k]
+        if not p.requires_grad or p.grad_fn is not None:
+            st.unhooked.append(k)
+            return
+        i = len(self.owner)
+        self.owner.append((st, k))
+        append = self.hits.append
+        tracker = self
+
+        def hook(param: torch.Tensor) -> None:
+            if tracker.mode != 1:
+                if tracker.mode < 0:
+                    return
+                tracker._begin(i)
+            if st.armed:  # rare path: content consumed and no zero_grad since
+                g = param.grad
+                append((i, g, g._version))  # type: ignore[union-attr]
+            else:
+                append(i)
+
+        self.handles.append(p.register_post_accumulate_grad_hook(hook))
+
+    def _begin(self, i: int) -> None:
+        try:
+            self.mode = 1
+            self.bw += 1
+            if self.stepped_since_bw:
+                self.phase += 1
+                self.stepped_since_bw = False
+            self.hits.append(-self.bw)
+            _queue_callback(self._end)
+            if self.armed:
+                trigger = self.owner[i]
+                for st in self.armed:
+                    st.pre_check = PreCheck.take(st, self.bw,
+                                                 trigger[1] if trigger[0] is st else -1)
+        except Exception as e:  # noqa: BLE001 - never raise into autograd
+            self.fail(e)
+
+    def _end(self) -> None:
+        if self.mode == 1:
+            self.mode = 0
+
+    # ---------------------------------------------------------------- drain
+    def drain(self) -> None:
+        """Fold the hooks' raw hits into per-parameter contribution lists."""
+        hits = self.hits
+        if not hits:
+            return
+        owner = self.owner
+        bw = self.drain_bw
+        for h in hits:
+            if type(h) is int:
+                if h < 0:
+                    bw = -h
+                else:
+                    st, k = owner[h]
+                    st.new[k].append(bw)
+            else:
+                i, g, v = h
+                st, k = owner[i]
+                self._rich(st, k, bw, g, v)
+        hits.clear()
+        self.drain_bw = bw
+
+    @staticmethod
+    def _rich(st: OptState, k: int, bw: int, g: torch.Tensor, v: int) -> None:
+        r = st.refs[k]
+        old_g = r() if r is not None else None
+        if old_g is not g:
+            # Another object: whatever the old one held is gone (p.grad = None / replaced).
+            if st.old[k] or st.new[k]:
+                st.reset(k, "set_none" if old_g is None else "replaced")
+            st.refs[k] = weakref.ref(g)
+        elif st.old[k] and not st.new[k]:
+            if v != st.vers[k] + 1:
+                # Same object changed in place before this contribution while it held
+                # only consumed content: a p.grad.zero_() outside zero_grad.
+                st.reset(k, "zero_")
+            elif st.pre_check is not None and st.pre_check.was_zero(k, bw):
+                st.reset(k, "zero_")  # p.grad.data.zero_(): no version bump, values zero
+        st.vers[k] = v
+        st.new[k].append(bw)
+
+    # ---------------------------------------------------------------- step hooks
+    def pre(self, opt: Any, args: Any, kwargs: Any) -> Any:
+        """Optimizer step pre-hook: consume the gradients (or wrap the closure)."""
+        if self.mode < 0:
+            return None
+        try:
+            st = self.by_opt.get(opt)
+            if st is None:
+                if not self.auto:
+                    return None
+                st = self.attach(opt, instance_hooks=False)
+            if self.mode == 1 and not _in_backward():
+                self.mode = 0  # a backward that failed never ran its end callback
+            self.drain()
+            if st.unhooked:
+                pending, st.unhooked = st.unhooked, []
+                for k in pending:
+                    self._hook(st, k)
+            st.in_step = True
+            # torch passes the step's own args, ``self`` first: (self, closure?)
+            closure = args[1] if len(args) > 1 else kwargs.get("closure")
+            if callable(closure):
+                st.closure_step = True
+                wrapped = self._wrap_closure(st, closure)
+                if len(args) > 1:
+                    return (args[0], wrapped, *args[2:]), kwargs
+                return args, {**kwargs, "closure": wrapped}
+            st.closure_step = False
+            judge.consume(self, st)
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
+        return None
+
+    def post(self, opt: Any, args: Any, kwargs: Any) -> None:
+        """Optimizer step post-hook: emit the step record."""
+        if self.mode < 0:
+            return
+        try:
+            st = self.by_opt.get(opt)
+            if st is None or not st.in_step:
+                return
+            self.emit(judge.finalize(self, st, skipped=False))
+            self.steps += 1
+            if st.custom:
+                st.observe([p.grad for p in st.params])
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
+
+    def _wrap_closure(self, st: OptState, closure: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*a: Any, **kw: Any) -> Any:
+            out = closure(*a, **kw)
+            if self.mode >= 0:
+                try:
+                    self.drain()
+                    judge.consume(self, st, closure=True)
+                except Exception as e:  # noqa: BLE001
+                    self.fail(e)
+            return out
+
+        return wrapped
+
+    # ---------------------------------------------------------------- reset signals
+    def opt_zero_grad(self, opt: Any) -> None:
+        """After ``Optimizer.zero_grad``: every parameter of ``opt`` was reset."""
+        st = self.by_opt.get(opt)
+        if st is None or self.mode < 0:
+            return
+        try:
+            self.drain()
+            old, new = st.old, st.new
+            for k in range(len(old)):
+                if old[k] or new[k]:
+                    st.reset(k, "optimizer_zero_grad")
+            st.pending.append(("optimizer_zero_grad", -1, []))
+            st.armed = False
+            self.armed.discard(st)
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
+
+    def module_zero_grad(self, module: torch.nn.Module) -> None:
+        """After ``Module.zero_grad``: the module's parameters were reset."""
+        if self.mode < 0 or not self.by_param:
+            return
+        try:
+            self.drain()
+            covered: dict[OptState, int] = {}
+            for p in module.parameters():
+                for st, k in self.by_param.get(p, ()):
+                    if st.old[k] or st.new[k]:
+                        st.reset(k, "module_zero_grad")
+                    covered[st] = covered.get(st, 0) + 1
+            for st, n in covered.items():
+                st.pending.append(("module_zero_grad", -1, []))
+                if n >= len(st.params):
+                    st.armed = False
+                    self.armed.discard(st)
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
+
+    def scaler_before(self, opt: Any) -> tuple[OptState, int] | None:
+        st = self.by_opt.get(opt)
+        if st is None and self.auto and self.mode >= 0 and isinstance(
+                opt, torch.optim.Optimizer):
+            st = self.attach(opt, instance_hooks=False)
+        return None if st is None else (st, st.step)
+
+    def scaler_after(self, token: tuple[OptState, int] | None) -> None:
+        """After ``GradScaler.step``: if the optimizer did not step, record a skipped step."""
+        if token is None or self.mode < 0:
+            return
+        st, before = token
+        if st.step != before:
+            return
+        try:
+            self.drain()
+            judge.observe_skip(self, st)
+            self.emit(judge.finalize(self, st, skipped=True))
+            self.steps += 1
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
+
+    # ---------------------------------------------------------------- lifecycle
+    def fail(self, exc: BaseException) -> None:
+        """Log the internal error once, turn the probe off; training goes on."""
+        if self.mode < 0:
+            return
+        self.mode = -1
+        self.disabled = f"{type(exc).__name__}: {exc}"[:1000]
+        log.error("gradwatch: internal error, the probe turns itself off and training "
+                  "goes on: %s", self.disabled, exc_info=exc)
+        if not _in_backward():
+            self.remove_hooks()
+        if self.on_disable is not None:
+            try:
+                self.on_disable(self.disabled)
+            except Exception:  # noqa: BLE001
+                log.debug("on_disable failed", exc_info=True)
+
+    def remove_hooks(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def close(self) -> None:
+        self.remove_hooks()
+        if self.mode >= 0:
+            self.mode = -1
+        self.hits.clear()

@@ -1,0 +1,182 @@
+"""REST routes under ``/api`` (all in the OpenAPI schema); thin wrappers over the core."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from email import message_from_bytes
+from email.policy import HTTP
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from gradwatch.server.service import Service
+from gradwatch.server.storage import IngestError
+from pydantic import BaseModel
+
+from gradwatch.frames import ParamSeries, RunSummary, StepSeries, json_schema
+from gradwatch.steplog import StepLogError, read_log
+from gradwatch.wire import Finding
+
+router = APIRouter(prefix="/api")
+
+
+class RunList(BaseModel):
+    runs: list[RunSummary]
+
+
+class FindingList(BaseModel):
+    findings: list[Finding]
+
+
+class Imported(BaseModel):
+    run: str
+    steps: int
+    warnings: list[str]
+
+
+def _svc(request: Request) -> Service:
+    svc: Service = request.app.state.service
+    return svc
+
+
+def _json(model: BaseModel, status: int = 200) -> Response:
+    return Response(model.model_dump_json(), status_code=status,
+                    media_type="application/json")
+
+
+def _missing(run_id: str) -> HTTPException:
+    return HTTPException(404, f"no run '{run_id}'")
+
+
+@router.get("/schema", summary="JSON Schema of the wire records and socket frames")
+async def schema() -> dict[str, Any]:
+    return json_schema()
+
+
+@router.get("/runs", response_model=RunList, summary="Every run, newest first")
+async def runs(request: Request) -> Response:
+    return _json(RunList(runs=await asyncio.to_thread(_svc(request).reader.runs)))
+
+
+@router.get("/runs/{run_id}", summary="A run with its optimizers and header")
+async def run(run_id: str, request: Request) -> dict[str, Any]:
+    out = await asyncio.to_thread(_svc(request).reader.run, run_id)
+    if out is None:
+        raise _missing(run_id)
+    return out
+
+
+@router.get("/runs/{run_id}/steps", response_model=StepSeries,
+            summary="Step rows, min/max-downsampled per (rank, opt)")
+async def steps(request: Request, run_id: str, start: int | None = None,
+                end: int | None = None, max_points: int = Query(4000, ge=10, le=100_000),
+                opt: str | None = None, rank: int | None = None) -> Response:
+    out = await asyncio.to_thread(_svc(request).reader.steps, run_id, start, end,
+                                  max_points, opt, rank)
+    if out is None:
+        raise _missing(run_id)
+    return _json(out)
+
+
+@router.get("/runs/{run_id}/params", response_model=ParamSeries,
+            summary="Per-parameter norms of one optimizer")
+async def params(request: Request, run_id: str, opt: str, rank: int = 0,
+                 start: int | None = None, end: int | None = None,
+                 max_points: int = Query(500, ge=1, le=100_000)) -> Response:
+    out = await asyncio.to_thread(_svc(request).reader.params, run_id, opt, rank, start,
+                                  end, max_points)
+    if out is None:
+        raise HTTPException(404, f"no optimizer '{opt}' (rank {rank}) in run '{run_id}'")
+    return _json(out)
+
+
+@router.get("/runs/{run_id}/findings", response_model=FindingList,
+            summary="Findings, as gradwatch check computes them")
+async def findings(run_id: str, request: Request) -> Response:
+    out = await asyncio.to_thread(_svc(request).reader.findings, run_id)
+    if out is None:
+        raise _missing(run_id)
+    return _json(FindingList(findings=out))
+
+
+@router.get("/runs/{run_id}/export", summary="The run as a step log (jsonl) or CSV",
+            response_class=StreamingResponse)
+async def export(run_id: str, request: Request, format: Literal["jsonl", "csv"] = "jsonl",
+                 rank: int = 0) -> StreamingResponse:
+    reader = _svc(request).reader
+    if format == "jsonl":
+        lines = await asyncio.to_thread(reader.export_lines, run_id, rank)
+        media, ext = "application/x-ndjson", "jsonl"
+    else:
+        lines = await asyncio.to_thread(reader.export_csv, run_id)
+        media, ext = "text/csv", "csv"
+    if lines is None:
+        raise _missing(run_id)
+    return StreamingResponse(lines, media_type=media, headers={
+        "Content-Disposition": f'attachment; filename="{run_id}.{ext}"'})
+
+
+@router.delete("/runs/{run_id}", status_code=204, summary="Delete a run")
+async def delete(run_id: str, request: Request) -> Response:
+    if not await _svc(request).delete(run_id):
+        raise _missing(run_id)
+    return Response(status_code=204)
+
+
+@router.post("/runs/import", status_code=201, response_model=Imported,
+             summary="Upload a saved step log as a run",
+             openapi_extra={"requestBody": {"content": {
+                 "application/x-ndjson": {"schema": {"type": "string"}},
+                 "multipart/form-data": {"schema": {"type": "object", "properties": {
+                     "file": {"type": "string", "format": "binary"}}}}}}})
+async def import_log(request: Request) -> Response:
+    svc = _svc(request)
+    limit = svc.settings.max_import_bytes
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, f"step log too big: the limit is {limit} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    name, data = "upload", body
+    ctype = request.headers.get("content-type", "")
+    if ctype.startswith("multipart/form-data"):
+        name, data = _multipart_file(ctype, body)
+    try:
+        log = await asyncio.to_thread(_parse_log, data, name)
+    except StepLogError as e:
+        raise HTTPException(400, str(e)) from None
+    try:
+        run_id, n = await svc.import_log(log.header, log.records)
+    except IngestError as e:
+        raise HTTPException(429 if e.code == 1008 else 400, e.reason) from None
+    return _json(Imported(run=run_id, steps=n, warnings=log.warnings), 201)
+
+
+def _multipart_file(ctype: str, body: bytes) -> tuple[str, bytes]:
+    msg = message_from_bytes(b"Content-Type: " + ctype.encode("latin-1") + b"\r\n\r\n"
+                             + body, policy=HTTP)
+    for part in msg.iter_parts() if msg.is_multipart() else ():
+        if part.get_param("name", header="content-disposition") == "file":
+            raw = part.get_payload(decode=True)
+            fname = part.get_filename() or "upload"
+            return Path(str(fname)).name, raw if isinstance(raw, bytes) else b""
+    raise HTTPException(400, "multipart upload without a 'file' field")
+
+
+def _parse_log(data: bytes, name: str) -> Any:
+    """The strict step-log reader over uploaded bytes; errors name ``name:line``."""
+    # The reader works on files; the temporary file's name is ours, never the client's.
+    with tempfile.TemporaryDirectory(prefix="gradwatch-import-") as d:
+        tmp = Path(d) / "upload.jsonl"
+        tmp.write_bytes(data)
+        try:
+            log = read_log(tmp)
+        except StepLogError as e:
+            raise StepLogError(name, e.line, e.problem) from None
+    log.warnings = [w.replace(str(tmp), name) for w in log.warnings]
+    return log
+

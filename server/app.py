@@ -1,0 +1,51 @@
+"""The app factory: ``create_app(settings)`` builds the FastAPI app; state on app.state."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from gradwatch.server import api, web, ws
+from gradwatch.server.security import TokenMiddleware
+from gradwatch.server.service import Service
+from gradwatch.server.settings import Settings
+
+from gradwatch import __version__
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the gradwatch server app.
+
+    The database opens when the app starts (lifespan) and closes when it stops, so
+    ``with TestClient(create_app(s))`` and uvicorn both get a working, clean app.
+    """
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        svc = Service(settings)
+        svc.start()
+        app.state.service = svc
+        log.info("gradwatch server: data in %s", settings.data_dir)
+        try:
+            yield
+        finally:
+            svc.close()
+
+    app = FastAPI(title="gradwatch", version=__version__, lifespan=lifespan,
+                  description="Live gradient-reset debugger: ingest, runs, steps, findings.")
+    app.state.settings = settings
+
+    @app.get("/healthz", summary="Liveness probe (no token needed)")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    app.include_router(api.router)
+    app.include_router(ws.router)
+    web.mount(app)
+    app.add_middleware(TokenMiddleware, settings=settings)
+    return app

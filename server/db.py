@@ -1,0 +1,84 @@
+"""The SQLite schema of the server's data directory, and how connections are opened.
+
+One database file (``gradwatch.db``, WAL mode) holds every run. Each record is stored
+once, by (run, rank, seq), as its JSON line; step records are also spread into columns for
+the plots, with per-parameter norms packed as float64 blobs. ``step_agg`` holds, per
+:data:`CHUNK` consecutive steps of one (rank, opt), where the min/max of ``norm`` and
+``drift`` are, so a million-step run downsamples from ~16k pre-aggregated rows instead of
+scanning a million.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+DB_NAME = "gradwatch.db"
+CHUNK = 64
+"""Steps per pre-aggregated chunk of ``step_agg``."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs(
+  rid INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL, name TEXT NOT NULL,
+  status TEXT NOT NULL, started REAL NOT NULL, updated REAL NOT NULL,
+  steps INTEGER NOT NULL DEFAULT 0, findings INTEGER NOT NULL DEFAULT 0,
+  ranks TEXT NOT NULL DEFAULT '[]', optimizers TEXT NOT NULL DEFAULT '[]',
+  dropped INTEGER NOT NULL DEFAULT 0, torch_version TEXT NOT NULL DEFAULT '',
+  world_size INTEGER NOT NULL DEFAULT 1, header TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS streams(
+  rid INTEGER, rank INTEGER, max_seq INTEGER NOT NULL, ended TEXT,
+  dropped INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(rid, rank)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS records(
+  rid INTEGER, rank INTEGER, seq INTEGER, kind TEXT NOT NULL, body TEXT NOT NULL,
+  PRIMARY KEY(rid, rank, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS steps(
+  rid INTEGER, rank INTEGER, opt TEXT, step INTEGER, seq INTEGER, t REAL,
+  norm REAL, fresh_norm REAL, drift REAL, nan INTEGER, stale INTEGER, leaked INTEGER,
+  late INTEGER, discarded INTEGER, skipped INTEGER, resets TEXT,
+  PRIMARY KEY(rid, rank, opt, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS series(
+  rid INTEGER, rank INTEGER, opt TEXT, next_chunk INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY(rid, rank, opt)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS step_agg(
+  rid INTEGER, rank INTEGER, opt TEXT, chunk INTEGER, n INTEGER,
+  mn_norm REAL, mn_norm_step INTEGER, mx_norm REAL, mx_norm_step INTEGER,
+  mn_drift REAL, mn_drift_step INTEGER, mx_drift REAL, mx_drift_step INTEGER,
+  flag_step INTEGER, odd_step INTEGER, sig TEXT,
+  PRIMARY KEY(rid, rank, opt, chunk)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS param_norms(
+  rid INTEGER, rank INTEGER, opt TEXT, step INTEGER, total REAL, norms BLOB, fresh BLOB,
+  PRIMARY KEY(rid, rank, opt, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS optimizers(
+  rid INTEGER, rank INTEGER, opt TEXT, body TEXT NOT NULL,
+  PRIMARY KEY(rid, rank, opt)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS findings(
+  rid INTEGER, rank INTEGER, opt TEXT, kind TEXT, first_step INTEGER, body TEXT NOT NULL,
+  PRIMARY KEY(rid, rank, opt, kind)) WITHOUT ROWID;
+"""
+
+RUN_TABLES = ("streams", "records", "steps", "series", "step_agg", "param_norms",
+              "optimizers", "findings", "runs")
+
+# NaN is not a value SQLite can store (it becomes NULL), so the step columns keep a
+# bit per norm saying "this NULL was a NaN".
+NAN_NORM, NAN_FRESH, NAN_DRIFT = 1, 2, 4
+
+
+def connect(data_dir: Path, readonly: bool = False) -> sqlite3.Connection:
+    """Open the data directory's database (creating the schema when writing).
+
+    Raises:
+        sqlite3.Error / OSError: the directory or file cannot be used.
+    """
+    path = data_dir / DB_NAME
+    if readonly:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False,
+                               isolation_level=None, timeout=30)
+    else:
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
+                               timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(SCHEMA)
+    conn.execute("PRAGMA cache_size=-65536")
+    return conn

@@ -1,0 +1,112 @@
+"""In-memory state of a run while it is being written: counters, streams and its Judge.
+
+The storage writer keeps one :class:`RunState` per recently written run. After a restart
+the state is rebuilt from the database: counters from ``runs``/``streams``, and the
+:class:`~gradwatch.analysis.Judge` by feeding it the header, the optimizers and only the
+step records that carry a finding fact (the only steps that change findings).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field
+
+from gradwatch.server.series import Row
+
+from gradwatch.analysis import Judge
+from gradwatch.frames import RunStatus, RunSummary
+from gradwatch.wire import Header, parse_record
+
+
+@dataclass
+class RunState:
+    """Counters and judge of one run, mirrored in the ``runs`` and ``streams`` rows."""
+
+    rid: int
+    id: str
+    name: str
+    status: RunStatus
+    started: float
+    updated: float
+    torch_version: str
+    world_size: int
+    steps: int = 0
+    ranks: list[int] = field(default_factory=list)
+    optimizers: list[str] = field(default_factory=list)
+    max_seq: dict[int, int] = field(default_factory=dict)
+    ended: dict[int, str] = field(default_factory=dict)
+    dropped: dict[int, int] = field(default_factory=dict)
+    next_chunk: dict[tuple[int, str], int] = field(default_factory=dict)
+    finding_keys: set[tuple[int, str, str]] = field(default_factory=set)
+    judge: Judge = field(default_factory=Judge)
+    chunk_rows: dict[tuple[int, str], tuple[int, list[Row], bool]] = field(
+        default_factory=dict)
+    """Per (rank, opt): the open chunk, its rows so far, and whether rows stored before a
+    restart may be missing from them (then its summary is read from the database)."""
+    loaded: bool = False
+    """Rebuilt from the database (not created by this process)."""
+
+    def summary(self) -> RunSummary:
+        """The run as the run list shows it."""
+        return RunSummary(
+            id=self.id, name=self.name, status=self.status, started=self.started,
+            updated=self.updated, steps=self.steps, findings=len(self.finding_keys),
+            ranks=sorted(self.ranks), optimizers=list(self.optimizers),
+            dropped=sum(self.dropped.values()), torch_version=self.torch_version)
+
+    def final_status(self) -> RunStatus | None:
+        """The run's end status once every rank has sent its End, else ``None``."""
+        if not self.ranks or len(self.ranks) < self.world_size:
+            return None
+        if any(r not in self.ended for r in self.ranks):
+            return None
+        ends = set(self.ended.values())
+        if "failed" in ends:
+            return "failed"
+        if "interrupted" in ends:
+            return "interrupted"
+        return "finished"
+
+
+def new_state(rid: int, header: Header, name: str | None = None) -> RunState:
+    """State of a run created from its first header."""
+    return RunState(rid=rid, id=header.run, name=name or header.run_name or header.run,
+                    status="live", started=header.started, updated=header.t,
+                    torch_version=header.torch_version, world_size=header.world_size)
+
+
+def load_state(conn: sqlite3.Connection, run_id: str) -> RunState | None:
+    """Rebuild a run's state from the database, or ``None`` if there is no such run."""
+    row = conn.execute(
+        "SELECT rid, id, name, status, started, updated, steps, ranks, optimizers, "
+        "torch_version, world_size, header FROM runs WHERE id=?", (run_id,)).fetchone()
+    if row is None:
+        return None
+    st = RunState(rid=row[0], id=row[1], name=row[2], status=row[3], started=row[4],
+                  updated=row[5], torch_version=row[9], world_size=row[10], steps=row[6],
+                  ranks=json.loads(row[7]), optimizers=json.loads(row[8]), loaded=True)
+    rid = st.rid
+    for rank, max_seq, ended, dropped in conn.execute(
+            "SELECT rank, max_seq, ended, dropped FROM streams WHERE rid=?", (rid,)):
+        st.max_seq[rank] = max_seq
+        st.dropped[rank] = dropped
+        if ended:
+            st.ended[rank] = ended
+    for rank, opt, nxt in conn.execute(
+            "SELECT rank, opt, next_chunk FROM series WHERE rid=?", (rid,)):
+        st.next_chunk[(rank, opt)] = nxt
+    for rank, opt, kind in conn.execute(
+            "SELECT rank, opt, kind FROM findings WHERE rid=?", (rid,)):
+        st.finding_keys.add((rank, opt, kind))
+    st.judge.feed(parse_record(row[11]), 0)
+    for rank, body in conn.execute(
+            "SELECT rank, body FROM records WHERE rid=? AND kind IN ('optimizer', 'stats', "
+            "'end') ORDER BY rank, seq", (rid,)):
+        st.judge.feed(parse_record(body), rank)
+    for rank, body in conn.execute(
+            "SELECT r.rank, r.body FROM steps s JOIN records r ON r.rid=s.rid AND "
+            "r.rank=s.rank AND r.seq=s.seq WHERE s.rid=? AND (s.stale>0 OR s.leaked>0 OR "
+            "s.late>0 OR s.discarded>0) ORDER BY s.rank, s.seq", (rid,)):
+        st.judge.feed(parse_record(body), rank)
+    return st

@@ -1,0 +1,59 @@
+"""Server settings: one frozen dataclass handed to ``create_app``; no globals."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def default_data_dir() -> Path:
+    """``$GRADWATCH_DATA`` or ``./gradwatch-data``."""
+    return Path(os.environ.get("GRADWATCH_DATA") or "gradwatch-data")
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the app needs to know; defaults are the safe local ones.
+
+    Attributes:
+        data_dir: directory of the SQLite database.
+        token: when set, every route but ``/healthz`` and static files requires it.
+        max_frame_bytes: largest websocket frame accepted on ingest (close 1009 above).
+        max_msgs_per_sec: sustained ingest frames per connection (close 1013 above);
+            bursts up to twice that are allowed.
+        max_runs: runs the server will hold (new ones refused beyond).
+        max_live_clients: concurrent ``/ws/live`` clients.
+        max_import_bytes: largest step log accepted by ``POST /api/runs/import``.
+        interrupted_after: seconds after an ingest connection drops without End before
+            its run reads as interrupted.
+        live_queue: frames queued per live client before its steps get decimated.
+        send_timeout: seconds a live client's socket may stay blocked before it is dropped.
+        allowed_origins: extra browser origins allowed on websockets (besides same-origin).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    data_dir: Path = field(default_factory=default_data_dir)
+    token: str | None = None
+    max_frame_bytes: int = 1 << 20
+    max_msgs_per_sec: float = 200.0
+    max_runs: int = 1000
+    max_live_clients: int = 200
+    max_import_bytes: int = 512 << 20
+    interrupted_after: float = 10.0
+    live_queue: int = 256
+    send_timeout: float = 10.0
+    summary_interval: float = 0.25
+    allowed_origins: tuple[str, ...] = ()

@@ -1,0 +1,55 @@
+"""The dashboard's files: ``/`` (index.html), ``/static/...`` (web/) and plotly.js.
+
+Files are served only from the installed ``gradwatch.web`` package and the installed
+``plotly`` package; no request chooses a path outside them.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI, HTTPException
+from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+router = APIRouter(include_in_schema=False)
+
+_PLACEHOLDER = ("<!doctype html><title>gradwatch</title><p>The gradwatch server is running, "
+                "but the dashboard files (web/index.html) are not installed.</p>")
+
+
+def web_dir() -> Path:
+    """Directory of the installed ``gradwatch.web`` package."""
+    return Path(str(importlib.resources.files("gradwatch.web")))
+
+
+def plotly_js() -> Path | None:
+    """``plotly.min.js`` from the installed plotly Python package, if present."""
+    try:
+        p = Path(str(importlib.resources.files("plotly"))) / "package_data" / "plotly.min.js"
+    except ModuleNotFoundError:
+        return None
+    return p if p.is_file() else None
+
+
+@router.get("/", response_model=None)
+async def index() -> FileResponse | HTMLResponse:
+    page = web_dir() / "index.html"
+    if page.is_file():
+        return FileResponse(page, media_type="text/html")
+    return HTMLResponse(_PLACEHOLDER)
+
+
+@router.get("/static/vendor/plotly.min.js", response_model=None)
+async def plotly() -> FileResponse:
+    p = plotly_js()
+    if p is None:
+        raise HTTPException(404, "plotly is not installed: pip install 'gradwatch[server]'")
+    return FileResponse(p, media_type="text/javascript")
+
+
+def mount(app: FastAPI) -> None:
+    """Add the dashboard routes and the ``/static`` mount to ``app``."""
+    app.include_router(router)
+    app.mount("/static", StaticFiles(directory=web_dir(), check_dir=False), name="static")

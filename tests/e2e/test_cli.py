@@ -1,0 +1,72 @@
+"""``gradwatch serve`` argument errors and imports, and ``gradwatch replay``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import synth
+from serverproc import ServerProc
+
+
+def gw(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gradwatch.cli", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_log(path: Path, steps: int = 40, stale_from: int | None = 20) -> Path:
+    path.write_text(synth.log_text(synth.records(steps=steps, stale_from=stale_from)))
+    return path
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--port", "70000"], "not a port number"),
+    (["--host", "0.0.0.0"], "requires --token"),
+    (["--data", "/proc/gradwatch-nope"], "not writable"),
+])
+def test_serve_refuses_bad_arguments_with_exit_2(args: list[str], message: str,
+                                                 tmp_path: Path) -> None:
+    extra = [] if "--data" in args else ["--data", str(tmp_path / "d")]
+    r = gw("serve", *args, *extra)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_serve_import_names_the_bad_line(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "run.jsonl")
+    lines = log.read_text().splitlines()
+    lines[5] = lines[5][:-3] + "oops"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    r = gw("serve", "--data", str(tmp_path / "d"), "--import", str(bad), "--import-only")
+    assert r.returncode == 2 and f"{bad}:6:" in r.stderr, r.stderr
+    r = gw("serve", "--data", str(tmp_path / "d"), "--import", str(log), "--import-only")
+    assert r.returncode == 0 and "as run run1 (40 steps)" in r.stdout, r.stderr
+    with ServerProc(tmp_path / "d") as srv:
+        assert srv.get("/api/runs/run1")["status"] == "finished"
+        assert srv.get("/api/runs/run1/findings")["findings"][0]["first_step"] == 20
+
+
+def test_replay_sends_a_log_as_a_new_run(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "run.jsonl", steps=300)
+    with ServerProc(tmp_path / "d") as srv:
+        r = gw("replay", str(log), "--server", srv.ws, "--fast", "--name", "again")
+        assert r.returncode == 0, r.stderr
+        run = next(line.split()[-1] for line in r.stdout.splitlines()
+                   if line.startswith("sent "))
+        assert f"http://127.0.0.1:{srv.port}/?run={run}" in r.stdout
+        got = srv.get(f"/api/runs/{run}")
+        assert got["name"] == "again" and got["steps"] == 300 and got["status"] == "finished"
+        assert srv.get(f"/api/runs/{run}/findings")["findings"][0]["first_step"] == 20
+        # at recorded pace x10: the 3 s log (steps 10 ms apart) takes about 0.3 s
+        r = gw("replay", str(log), "--server", srv.ws, "--speed", "10")
+        assert r.returncode == 0, r.stderr
+        assert len(srv.get("/api/runs")["runs"]) == 2
+
+
+def test_replay_of_an_invalid_log_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("hello\n")
+    r = gw("replay", str(bad), "--fast")
+    assert r.returncode == 2 and "bad.jsonl:1" in r.stderr, r.stderr

@@ -1,0 +1,116 @@
+"""Norms in the log against a plain per-parameter ``torch.linalg.vector_norm`` loop."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from tests.probe.probe_helpers import loss_of, mlp
+
+
+def _norms(params: list[torch.Tensor]) -> list[float]:
+    return [float(torch.linalg.vector_norm(p.grad)) for p in params]
+
+
+def _total(xs: list[float]) -> float:
+    return math.sqrt(sum(x * x for x in xs))
+
+
+def test_clean_norms_match_reference(watched: Any) -> None:
+    m = mlp()
+    extra = torch.nn.Parameter(torch.ones(2))  # never gets a gradient
+    params = [*m.parameters(), extra]
+    opt = torch.optim.SGD(params, lr=0.01)
+    ref: list[list[float]] = []
+
+    def loop() -> None:
+        for i in range(3):
+            opt.zero_grad()
+            loss_of(m, i).backward()
+            ref.append(_norms(params[:4]))
+            opt.step()
+
+    r = watched(opt, loop)
+    for s, want in zip(r.steps(), ref, strict=True):
+        assert s.param_norms[:4] == pytest.approx(want, rel=1e-6)
+        assert s.param_norms[4] is None
+        assert s.norm == pytest.approx(_total(want), rel=1e-6)
+        assert s.fresh_norm == pytest.approx(s.norm, rel=1e-6)
+        assert s.drift == pytest.approx(1.0)
+        assert s.param_fresh_norms[:4] == pytest.approx(want, rel=1e-6)
+
+
+def test_missed_reset_fresh_norm_and_drift(watched: Any) -> None:
+    m = mlp()
+    params = list(m.parameters())
+    opt = torch.optim.SGD(params, lr=0.01)
+    acc: list[list[float]] = []
+    fresh: list[list[float]] = []
+
+    def loop() -> None:
+        prev = [torch.zeros_like(p) for p in params]
+        for i in range(5):
+            loss_of(m, i).backward()  # zero_grad forgotten
+            acc.append(_norms(params))
+            fresh.append([float(torch.linalg.vector_norm(p.grad - q))
+                          for p, q in zip(params, prev, strict=True)])
+            prev = [p.grad.clone() for p in params]
+            opt.step()
+
+    r = watched(opt, loop)
+    steps = r.steps()
+    assert steps[0].drift == pytest.approx(1.0)
+    # first stale step: no copy of the consumed gradient yet, so fresh is unknown
+    assert steps[1].fresh_norm is None and steps[1].drift is None
+    assert steps[1].norm == pytest.approx(_total(acc[1]), rel=1e-6)
+    for s, a, f in zip(steps[2:], acc[2:], fresh[2:], strict=True):
+        assert s.param_norms == pytest.approx(a, rel=1e-5)
+        assert s.param_fresh_norms == pytest.approx(f, rel=1e-4)
+        assert s.fresh_norm == pytest.approx(_total(f), rel=1e-4)
+        assert s.drift == pytest.approx(_total(a) / _total(f), rel=1e-4)
+        assert s.drift > 1.5
+
+
+def test_norms_every_n_and_never(watched: Any) -> None:
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+
+    def loop() -> None:
+        for i in range(5):
+            opt.zero_grad()
+            loss_of(m, i).backward()
+            opt.step()
+
+    every2 = watched(opt, loop, norms_every=2)
+    assert [s.norm is not None for s in every2.steps()] == [True, False, True, False, True]
+    never = watched(opt, loop, norms_every=0)
+    assert all(s.norm is None and s.param_norms is None for s in never.steps())
+    assert all(s.fresh == 4 for s in never.steps())
+
+
+def test_gradscaler_norms_are_unscaled_and_inf_is_data(watched: Any) -> None:
+    m = mlp()
+    params = list(m.parameters())
+    opt = torch.optim.SGD(params, lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4096.0)
+    ref: list[float] = []
+
+    def loop() -> None:
+        for i in range(3):
+            opt.zero_grad()
+            loss = loss_of(m, i) * (float("inf") if i == 1 else 1.0)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            ref.append(_total(_norms(params)))
+            scaler.step(opt)
+            scaler.update()
+
+    r = watched(opt, loop)
+    s0, s1, s2 = r.steps()
+    assert s0.norm == pytest.approx(ref[0], rel=1e-5)
+    assert s2.norm == pytest.approx(ref[2], rel=1e-5)
+    assert s1.skipped and (math.isnan(s1.norm) or math.isinf(s1.norm))
+    assert r.findings == []

@@ -1,0 +1,185 @@
+"""The probe never breaks training: bad args fail early, internal errors turn it off, close()
+restores every hook and wrapper."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from gradwatch.probe import judge as probe_judge
+
+import gradwatch
+from gradwatch.steplog import read_log
+from gradwatch.wire import Stats, Step
+from tests.probe.probe_helpers import loss_of, mlp
+
+
+def _opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    m = mlp()
+    return m, torch.optim.SGD(m.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda o, m: gradwatch.watch(m), TypeError, "torch.optim.Optimizer"),
+    (lambda o, m: gradwatch.watch([]), ValueError, "at least one optimizer"),
+    (lambda o, m: gradwatch.watch([o, o]), ValueError, "twice"),
+    (lambda o, m: gradwatch.watch(o, model=o), TypeError, "torch.nn.Module"),
+    (lambda o, m: gradwatch.watch(o, norms_every=-1), ValueError, "norms_every"),
+    (lambda o, m: gradwatch.watch(o, norms_every=True), ValueError, "norms_every"),
+    (lambda o, m: gradwatch.watch(o, server="localhost:1"), ValueError, "http://"),
+    (lambda o, m: gradwatch.watch(o, log=123), TypeError, "file path"),
+    (lambda o, m: gradwatch.watch(o, log="."), ValueError, "directory"),
+    (lambda o, m: gradwatch.watch(o, names=["a", "b"]), ValueError, "one name per"),
+])
+def test_bad_arguments_raise_at_once(call: Any, exc: type, words: str) -> None:
+    m, opt = _opt()
+    with pytest.raises(exc, match=words):
+        call(opt, m)
+    assert torch.optim.Optimizer.zero_grad.__name__ == "zero_grad"
+    assert not hasattr(torch.optim.Optimizer.zero_grad, "__gradwatch_original__")
+
+
+def _hook_state(m: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[Any, ...]:
+    from torch.optim import optimizer as optmod
+    return (
+        torch.optim.Optimizer.zero_grad, torch.nn.Module.zero_grad,
+        torch.amp.GradScaler.step, torch.optim.Optimizer.__init__,
+        len(opt._optimizer_step_pre_hooks), len(opt._optimizer_step_post_hooks),
+        len(optmod._global_optimizer_pre_hooks), len(optmod._global_optimizer_post_hooks),
+        tuple(len(p._post_accumulate_grad_hooks or {}) for p in m.parameters()),
+        type(opt).step,
+    )
+
+
+def test_close_restores_everything(tmp_path: Path) -> None:
+    m, opt = _opt()
+    before = _hook_state(m, opt)
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl", model=m):
+        during = _hook_state(m, opt)
+        loss_of(m, 0).backward()
+        opt.step()
+    assert during != before
+    assert _hook_state(m, opt) == before
+    from gradwatch.probe.api import WatchHandle
+    h = WatchHandle([], auto=True, log=tmp_path / "b.jsonl")
+    assert torch.optim.Optimizer.__init__ is not before[3]
+    h.close()
+    h.close()  # idempotent
+    assert _hook_state(m, opt) == before
+
+
+def test_internal_error_turns_probe_off_training_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    m, opt = _opt()
+    calls = {"n": 0}
+    real = probe_judge.consume
+
+    def broken(*a: Any, **k: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected probe bug")
+        real(*a, **k)
+
+    monkeypatch.setattr(probe_judge, "consume", broken)
+    before = _hook_state(m, opt)
+    path = tmp_path / "err.jsonl"
+    caplog.set_level(logging.ERROR, logger="gradwatch.probe")
+    w0 = m[0].weight.detach().clone()
+    with gradwatch.watch(opt, log=path) as h:
+        for i in range(4):
+            opt.zero_grad()
+            loss_of(m, i).backward()
+            opt.step()
+        assert h.disabled is not None and "injected probe bug" in h.disabled
+        assert _hook_state(m, opt)[4:] == before[4:]  # its hooks are already gone
+    assert calls["n"] == 2
+    assert not torch.equal(w0, m[0].weight)  # training went on
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "turns itself off" in errors[0].getMessage()
+    recs = read_log(path).records
+    assert [s.step for s in recs if isinstance(s, Step)] == [0]
+    assert any(isinstance(s, Stats) and s.disabled for s in recs)
+    assert _hook_state(m, opt) == before
+
+
+def test_error_inside_param_hook_is_contained(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    m, opt = _opt()
+    from gradwatch.probe.tracker import Tracker
+
+    monkeypatch.setattr(Tracker, "_begin", lambda self, i: Tracker.fail(self, ValueError(
+        "hook failure")))
+    with gradwatch.watch(opt, log=tmp_path / "h.jsonl") as h:
+        for i in range(3):
+            opt.zero_grad()
+            loss_of(m, i).backward()
+            opt.step()
+        assert h.disabled and "hook failure" in h.disabled
+    assert all(not p._post_accumulate_grad_hooks for p in m.parameters())
+
+
+def test_spool_path_and_missing_server_keeps_logging(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import sys
+
+    monkeypatch.setenv("GRADWATCH_SPOOL_DIR", str(tmp_path / "spool"))
+    monkeypatch.setitem(sys.modules, "gradwatch.probe.stream", None)  # import fails
+    m, opt = _opt()
+    with gradwatch.watch(opt, server="http://127.0.0.1:9", run_id="r1") as h:
+        opt.zero_grad()
+        loss_of(m, 0).backward()
+        opt.step()
+    assert h.path == tmp_path / "spool" / "r1-rank0.jsonl"
+    assert len([s for s in read_log(h.path).records if isinstance(s, Step)]) == 1
+    assert any("cannot stream" in r.getMessage() for r in caplog.records)
+
+
+def test_rank_suffix_and_env_run_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job/42")
+    m, opt = _opt()
+    with gradwatch.watch(opt, log=tmp_path / "run.jsonl") as h:
+        pass
+    assert h.path == tmp_path / "run.rank1.jsonl"
+    hdr = read_log(h.path).header
+    assert (hdr.rank, hdr.world_size, hdr.run) == (1, 2, "job-42")
+
+
+def test_streamer_gets_notified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    events: list[str] = []
+
+    class FakeStreamer:
+        def __init__(self, url: str, spool: Path, run: str, rank: int,
+                     token: str | None = None) -> None:
+            events.append(f"init {url} {Path(spool).name} {run} {rank} {token}")
+
+        def start(self) -> None:
+            events.append("start")
+
+        def notify(self) -> None:
+            events.append("notify")
+
+        def close(self, timeout: float = 5.0) -> None:
+            events.append("close")
+
+        def stats(self) -> dict[str, int]:
+            return {"dropped": 2}
+
+    monkeypatch.setitem(sys.modules, "gradwatch.probe.stream",
+                        types.SimpleNamespace(Streamer=FakeStreamer))
+    monkeypatch.setenv("GRADWATCH_TOKEN", "tok")
+    m, opt = _opt()
+    with gradwatch.watch(opt, server="ws://x", log=tmp_path / "s.jsonl", run_id="rr"):
+        opt.zero_grad()
+        loss_of(m, 0).backward()
+        opt.step()
+    assert events[0] == "init ws://x s.jsonl rr 0 tok" and events[1] == "start"
+    assert "notify" in events and events[-1] == "close"
+    assert read_log(tmp_path / "s.jsonl").records[-1].dropped == 2

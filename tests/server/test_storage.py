@@ -1,0 +1,128 @@
+"""The storage module directly: once-only records, restart, limits, downsampling."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+import synth
+from gradwatch.server.queries import Reader
+from gradwatch.server.storage import IngestError, Store
+
+from gradwatch.wire import IngestBatch
+
+
+def feed(store: Store, recs: list, run: str = "run1", rank: int = 0,
+         size: int = 100) -> list:
+    return [store.call(store.ingest, IngestBatch(run=run, rank=rank, records=recs[i:i + size]))
+            for i in range(0, len(recs), size)]
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = Store(tmp_path)
+    s.start()
+    yield s
+    s.close()
+
+
+def test_resends_and_overlaps_store_each_record_once(store: Store, tmp_path: Path) -> None:
+    recs = synth.records(steps=500, stale_from=300)
+    feed(store, recs[:300])
+    res = feed(store, recs[250:], size=33)  # overlaps what is stored
+    feed(store, recs)  # a full resend
+    assert res[-1].ack == len(recs) - 1
+    r = Reader(tmp_path)
+    s = r.steps("run1", max_points=100_000)
+    assert s is not None and s.step == list(range(500))
+    summary = r.summary("run1")
+    assert summary is not None and summary.steps == 500 and summary.status == "finished"
+    f = r.findings("run1")
+    assert f is not None and f[0].steps == 200 and f[0].first_step == 300
+
+
+def test_survives_restart_and_resumes_judging(tmp_path: Path) -> None:
+    recs = synth.records(steps=400, stale_from=100)
+    s1 = Store(tmp_path)
+    s1.start()
+    feed(s1, recs[:250])
+    s1.close()
+    s2 = Store(tmp_path)  # a restart: the run was live, so it reads as interrupted
+    s2.start()
+    r = Reader(tmp_path)
+    assert r.summary("run1").status == "interrupted"  # type: ignore[union-attr]
+    assert s2.call(s2.resume_seq, "run1", 0) == 249
+    feed(s2, recs[200:])
+    s2.close()
+    got = Reader(tmp_path)
+    assert got.summary("run1").status == "finished"  # type: ignore[union-attr]
+    f = got.findings("run1")
+    assert f is not None and f[0].steps == 300 and f[0].first_step == 100
+    assert got.steps("run1", max_points=100_000).step == list(range(400))  # type: ignore
+
+
+def test_bad_batch_is_refused_whole(store: Store, tmp_path: Path) -> None:
+    recs = synth.records(steps=20)
+    feed(store, recs[:10])
+    bad = [recs[12], recs[11]]
+    with pytest.raises(IngestError) as e:
+        store.call(store.ingest, IngestBatch(run="run1", records=bad))
+    assert e.value.code == 1007
+    assert Reader(tmp_path).summary("run1").steps == 8  # type: ignore[union-attr]
+
+
+def test_run_limit_and_several_ranks(tmp_path: Path) -> None:
+    store = Store(tmp_path, max_runs=1)
+    store.start()
+    feed(store, synth.records("job", steps=10, rank=0, world_size=2, end=True), "job", 0)
+    assert Reader(tmp_path).summary("job").status == "live"  # type: ignore[union-attr]
+    feed(store, synth.records("job", steps=7, rank=1, world_size=2), "job", 1)
+    with pytest.raises(IngestError) as e:
+        feed(store, synth.records("other", steps=1), "other")
+    store.close()
+    assert e.value.code == 1008
+    s = Reader(tmp_path).summary("job")
+    assert s is not None and s.ranks == [0, 1] and s.steps == 17 and s.status == "finished"
+    rank1 = Reader(tmp_path).steps("job", rank=1)
+    assert rank1 is not None and rank1.rank == [1] * 7
+
+
+def test_nan_and_none_norms_survive(store: Store, tmp_path: Path) -> None:
+    recs = synth.records(steps=5, nan_at=2)
+    recs[5] = recs[5].model_copy(update={"norm": None, "drift": math.inf})
+    feed(store, recs)
+    s = Reader(tmp_path).steps("run1")
+    assert s is not None
+    assert math.isnan(s.norm[2]) and s.norm[3] is None and s.drift[3] == math.inf
+
+
+def test_million_step_style_query_uses_chunk_summaries(store: Store, tmp_path: Path) -> None:
+    n = 60_000
+    recs = synth.records(steps=n, end=False)
+    recs[2 + 41_234] = recs[2 + 41_234].model_copy(update={"norm": 99.0})
+    recs[2 + 7_777] = recs[2 + 7_777].model_copy(update={"norm": -5.0})
+    feed(store, recs, size=5000)
+    r = Reader(tmp_path)
+    t = time.perf_counter()
+    s = r.steps("run1", max_points=4000)
+    took = time.perf_counter() - t
+    assert s is not None and s.downsampled and s.total == n and len(s.step) <= 4000
+    assert 41_234 in s.step and 7_777 in s.step and s.step == sorted(s.step)
+    # every bucket keeps its own min and max norm: compare with a plain loop
+    norms = {i: recs[2 + i].norm for i in range(n)}
+    for lo in range(0, n, s.bucket * 50):
+        bucket = [norms[i] for i in range(lo, min(n, lo + s.bucket))]
+        kept = [x for st, x in zip(s.step, s.norm, strict=True) if lo <= st < lo + s.bucket]
+        assert max(kept) == max(bucket) and min(kept) == min(bucket)
+    assert took < 0.5, took
+
+
+def test_delete_removes_everything(store: Store, tmp_path: Path) -> None:
+    feed(store, synth.records(steps=10))
+    assert store.call(store.delete, "run1") is True
+    assert store.call(store.delete, "run1") is False
+    assert Reader(tmp_path).runs() == []
+    feed(store, synth.records(steps=3))  # the id can be used again
+    assert Reader(tmp_path).summary("run1").steps == 3  # type: ignore[union-attr]

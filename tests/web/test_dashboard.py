@@ -1,0 +1,222 @@
+"""The dashboard in a real Chromium against a real ``gradwatch serve`` process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gradwatch.steplog import StepLogWriter
+from gradwatch.wire import End
+
+from .conftest import Page, ServerProcess, free_port
+from .dash import header, ingest, optimizer, plotted, plotted_steps, steps
+
+pytestmark = pytest.mark.browser
+
+
+async def wait_for(pred, timeout: float = 15.0, every: float = 0.1):  # type: ignore[no-untyped-def]
+    """Poll an async predicate until it returns something truthy."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        got = await pred()
+        if got:
+            return got
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s (last value {got!r})")
+        await asyncio.sleep(every)
+
+
+async def test_a_run_named_like_html_shows_as_text_and_runs_no_script(
+        server: ServerProcess, page: Page) -> None:
+    name = "<img src=x onerror=alert(1)>"
+    evil_param = "<img src=y onerror=alert(2)>"
+    opt = optimizer()
+    opt.params = [evil_param, "layer.bias"]
+    recs = [header("xss", name), opt, *steps(30, missed=(10, 20))]
+    recs.append(End(seq=recs[-1].seq + 1, t=1_700_000_100.0, steps=30))
+    await ingest(server.ws, "xss", recs)
+
+    await page.goto(server.url + "/")
+    item = page.locator("#runs .name")
+    await item.wait_for()
+    assert await item.text_content() == name
+    await page.locator("#runs a").first.click()
+    await page.wait_for_function("document.body.dataset.snapshot >= 1")
+    assert await page.locator("#run-name").text_content() == name
+    await page.locator("#params-body tr").first.wait_for()
+    cells = await page.locator("#params-body td:first-child").all_text_contents()
+    assert evil_param in cells
+    await page.locator(".finding").first.wait_for()
+    # Give an injected onerror handler every chance to run.
+    await page.wait_for_timeout(500)
+    assert await page.locator("img").count() == 0
+    assert page.dialogs == []
+    assert page.errors == []
+
+
+async def test_live_training_steps_reach_the_charts_and_a_finding_appears_while_it_runs(
+        server: ServerProcess, page: Page, tmp_path: Path) -> None:
+    log, stop = tmp_path / "train.jsonl", tmp_path / "stop"
+    train = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("train_script.py")), server.ws,
+         str(log), str(stop)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        await page.goto(server.url + "/")
+        run_link = page.locator("#runs li[data-run='live-train'] a")
+        await run_link.wait_for(timeout=30_000)
+        await run_link.click()
+        await page.wait_for_function("document.body.dataset.snapshot >= 1")
+        # Steps keep arriving while the script trains (120 steps at ~30 ms each).
+        seen = [await plotted_steps(page)]
+        for _ in range(6):
+            await asyncio.sleep(0.4)
+            seen.append(await plotted_steps(page))
+        assert seen[-1] > seen[0], seen
+        finding = page.locator(".finding[data-kind='missed_reset']")
+        await finding.wait_for(timeout=20_000)
+        await wait_for(lambda: _count_is(page, 120), timeout=20)
+        # The script is still running (waiting for the stop file): the run is live.
+        assert train.poll() is None
+        assert await page.locator("#run-status").text_content() == "live"
+        text = await finding.text_content()
+        expected = [f for f in await _findings(server, "live-train")
+                    if f["kind"] == "missed_reset"][0]
+        assert expected["message"] in text and expected["fix"] in text
+        assert "SGD" in text and f"steps {expected['first_step']}" in text
+
+        # Clicking the finding zooms every chart to its steps.
+        await finding.click()
+        rng = await wait_for(lambda: page.evaluate(
+            "(() => { const a = document.getElementById('chart').layout.xaxis;"
+            " return a.autorange ? null : a.range; })()"))
+        assert rng[0] <= expected["first_step"] and rng[1] >= expected["last_step"]
+        assert rng[1] - rng[0] < 120
+        await page.locator("#btn-reset").click()
+        await wait_for(lambda: _count_is(page, 120))
+    finally:
+        stop.touch()
+        out, _ = await asyncio.to_thread(train.communicate, None, 90)
+    assert train.returncode == 0, out.decode(errors="replace")
+    # What the chart drew is what the probe measured (its own step log is the reference).
+    want = _log_rows(str(log))
+    for field, col in (("norm", 1), ("drift", 2)):
+        got = await plotted(page, field)
+        assert set(got) == set(want)
+        for opt, rows in want.items():
+            xs, ys = got[opt]
+            assert xs == [row[0] for row in rows]
+            assert ys == pytest.approx([_finite(row[col]) for row in rows])
+    assert page.errors == []
+
+
+async def _findings(server: ServerProcess, run: str) -> list[dict[str, Any]]:
+    def get() -> list[dict[str, Any]]:
+        with urllib.request.urlopen(f"{server.url}/api/runs/{run}/findings") as r:
+            return list(json.load(r)["findings"])
+
+    return await asyncio.to_thread(get)
+
+
+async def _count_is(page: Page, n: int) -> bool:
+    return await plotted_steps(page) == n
+
+
+async def test_the_page_recovers_after_the_server_restarts(
+        server: ServerProcess, page: Page) -> None:
+    run = "restart"
+    first = steps(50)
+    await ingest(server.ws, run, [header(run, "restart"), optimizer(), *first])
+    await page.goto(f"{server.url}/?run={run}")
+    await wait_for(lambda: _count_is(page, 50))
+
+    server.stop()
+    await page.wait_for_function("document.getElementById('conn').dataset.state === 'closed'",
+                                 timeout=10_000)
+    assert "offline" in await page.locator("#conn-text").text_content()
+    server.start()
+    await page.wait_for_function("document.getElementById('conn').dataset.state === 'open'",
+                                 timeout=20_000)
+    # The run socket reconnected: steps sent after the restart reach the chart.
+    more = steps(30, first_seq=52, first_step=50)
+    await ingest(server.ws, run, more)
+    await wait_for(lambda: _count_is(page, 80), timeout=15)
+    xs, _ = (await plotted(page, "norm"))["SGD#0"]
+    assert xs == list(range(80))
+    assert await page.locator("#runs .name").all_text_contents() == ["restart"]
+    assert page.errors == []
+
+
+def _log_rows(path: str) -> dict[str, list[tuple[int, float | None, float | None]]]:
+    out: dict[str, list[tuple[int, float | None, float | None]]] = {}
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("type") == "step":
+                out.setdefault(rec["opt"], []).append((rec["step"], rec["norm"], rec["drift"]))
+    return out
+
+
+async def test_a_token_in_the_page_url_is_kept_for_every_request(
+        tmp_path: Path, page: Page) -> None:
+    token = "s3cret-token"
+    srv = ServerProcess(tmp_path / "data", free_port(), tmp_path / "server.log",
+                        extra=("--token", token))
+    srv.start()
+    try:
+        recs = [header("tok", "token run"), optimizer(), *steps(20)]
+        await ingest(f"{srv.ws}", "tok", recs, token=token)
+        await page.goto(f"{srv.url}/?token={token}&run=tok")
+        await wait_for(lambda: _count_is(page, 20))
+        await page.locator("#params-body tr").first.wait_for()
+        assert await page.locator("#conn").get_attribute("data-state") == "open"
+        # Links between views keep the token.
+        href = await page.locator("#runs a").first.get_attribute("href")
+        assert f"token={token}" in href
+    finally:
+        srv.stop()
+
+
+async def test_a_replayed_log_draws_the_points_the_log_holds(
+        server: ServerProcess, page: Page, tmp_path: Path) -> None:
+    log = tmp_path / "replayed.jsonl"
+    a = steps(120, first_seq=3, opt="SGD#0", missed=(40, 70))
+    b = steps(60, first_seq=3 + 120, opt="Adam#1")
+    a[10].norm = a[10].drift = float("nan")  # a NaN gradient is data: drawn as a gap
+    opt_b = optimizer("Adam#1")
+    opt_b.seq = 2
+    with StepLogWriter(log) as w:
+        for rec in [header("replayed", "replayed run"), optimizer(), opt_b, *a, *b]:
+            w.write(rec)
+        w.write(End(seq=b[-1].seq + 1, t=1_700_000_100.0, steps=180))
+    r = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "gradwatch.cli", "replay", str(log),
+                         "--server", server.ws, "--fast"],
+        capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = re.search(r"as run (\S+)", r.stdout)
+    assert run, r.stdout
+
+    await page.goto(f"{server.url}/?run={run.group(1)}")
+    await wait_for(lambda: _count_is(page, 180))
+    want = _log_rows(str(log))
+    for field, col in (("norm", 1), ("drift", 2)):
+        got = await plotted(page, field)
+        assert set(got) == set(want) == {"SGD#0", "Adam#1"}
+        for opt, rows in want.items():
+            xs, ys = got[opt]
+            assert xs == [row[0] for row in rows]
+            assert ys == pytest.approx([_finite(row[col]) for row in rows], nan_ok=False)
+    assert page.errors == []
+
+
+def _finite(v: Any) -> float | None:
+    return v if isinstance(v, (int, float)) and math.isfinite(v) else None

@@ -1,0 +1,225 @@
+/**
+ * The per-parameter view: a heatmap of each parameter's drift (or norm) over steps, and a
+ * table sortable by drift, filtered by optimizer and rank.
+ *
+ * Data comes from `GET /api/runs/{id}/params` (already downsampled server-side to a few
+ * hundred steps), re-fetched on zoom and every few seconds while a run is live.
+ */
+
+import { fetchParams } from "./api.js";
+import { el, fmt, plotText, plottable } from "./format.js";
+import { whenPlotly } from "./charts.js";
+
+const HEAT_STEPS = 400;
+const HOT_DRIFT = 1.5;
+
+export class ParamsView {
+  constructor({ heatmap, tbody, table, selOpt, selRank, selMetric }) {
+    this.gd = heatmap;
+    this.tbody = tbody;
+    this.table = table;
+    this.selOpt = selOpt;
+    this.selRank = selRank;
+    this.selMetric = selMetric;
+    this.runId = null;
+    this.optimizers = [];
+    this.range = null;
+    this.data = null;
+    this.rows = [];
+    this.sortKey = "drift";
+    this.sortDir = -1;
+    this.ready = null;
+    this.abort = null;
+    this.seq = 0;
+    for (const s of [selOpt, selRank]) s.addEventListener("change", () => this.refresh());
+    selMetric.addEventListener("change", () => this.draw());
+    table.querySelectorAll("th[data-key]").forEach((th) => {
+      th.addEventListener("click", () => this.sortBy(th.dataset.key));
+    });
+  }
+
+  /** A run was opened (or its optimizers changed). */
+  setRun(runId, optimizers, ranks) {
+    const changed = runId !== this.runId;
+    this.runId = runId;
+    this.optimizers = optimizers;
+    const opts = [...new Set(optimizers.map((o) => o.opt))];
+    fillSelect(this.selOpt, opts.map((o) => [o, o]), changed ? null : this.selOpt.value);
+    const rankList = ranks && ranks.length ? ranks : [0];
+    fillSelect(this.selRank, rankList.map((r) => [String(r), `rank ${r}`]),
+      changed ? null : this.selRank.value);
+    if (changed) {
+      this.range = null;
+      this.data = null;
+    }
+  }
+
+  /** Show one optimizer (e.g. the one of a clicked finding). */
+  selectOptimizer(opt, rank) {
+    if ([...this.selOpt.options].some((o) => o.value === opt)) this.selOpt.value = opt;
+    if ([...this.selRank.options].some((o) => o.value === String(rank))) {
+      this.selRank.value = String(rank);
+    }
+  }
+
+  setRange(range) {
+    this.range = range;
+  }
+
+  async refresh() {
+    if (!this.runId || !this.selOpt.value) return;
+    if (this.abort) this.abort.abort();
+    this.abort = new AbortController();
+    const mySeq = ++this.seq;
+    try {
+      const data = await fetchParams(this.runId, {
+        opt: this.selOpt.value, rank: this.selRank.value || 0,
+        start: this.range ? Math.max(0, Math.floor(this.range[0])) : null,
+        end: this.range ? Math.ceil(this.range[1]) : null,
+        maxPoints: HEAT_STEPS, signal: this.abort.signal,
+      });
+      if (mySeq !== this.seq) return;
+      this.data = data;
+      this.draw();
+    } catch (err) {
+      if (err.name !== "AbortError") console.warn("gradwatch: parameter view", err);
+    }
+  }
+
+  /** Per (param, step) values of the chosen metric, transposed for plotly (rows = params). */
+  matrix(metric) {
+    const d = this.data;
+    const nP = d.params.length, nS = d.step.length;
+    const z = Array.from({ length: nP }, () => new Array(nS).fill(null));
+    for (let j = 0; j < nS; j++) {
+      const norms = d.norm[j] || [], fresh = (d.fresh_norm && d.fresh_norm[j]) || [];
+      for (let p = 0; p < nP; p++) {
+        const n = plottable(norms[p]), f = plottable(fresh[p]);
+        let v = null;
+        if (metric === "drift") v = n !== null && f ? n / f : null;
+        else if (metric === "norm") v = n > 0 ? Math.log10(n) : null;
+        else v = f > 0 ? Math.log10(f) : null;
+        z[p][j] = v;
+      }
+    }
+    return z;
+  }
+
+  async draw() {
+    if (!this.data) return;
+    const d = this.data;
+    const metric = this.selMetric.value;
+    const z = this.matrix(metric);
+    const drift = metric === "drift" ? z : this.matrix("drift");
+    this.rows = d.params.map((name, p) => {
+      const vals = drift[p].filter((v) => v !== null);
+      const lastNorm = lastFinite(d.norm.map((row) => plottable((row || [])[p])));
+      return {
+        name,
+        shape: this.shapeOf(d.opt, name),
+        norm: lastNorm,
+        drift: vals.length ? Math.max(...vals) : null,
+        mean: vals.length ? vals.reduce((a, b) => a + b, 0) / vals.length : null,
+      };
+    });
+    this.renderTable();
+    const Plotly = await whenPlotly();
+    const names = d.params.map((n) => plotText(n));
+    const trace = {
+      type: "heatmap", x: d.step, y: names.map((_, i) => i), z, text: names.map((n) => d.step.map(() => n)),
+      colorscale: metric === "drift"
+        ? [[0, "#1b2a3a"], [0.15, "#2f5f8f"], [0.4, "#e3a13b"], [1, "#f26d6d"]]
+        : "Viridis",
+      zmin: metric === "drift" ? 0 : undefined,
+      zmax: metric === "drift" ? Math.max(2, ...this.rows.map((r) => r.drift || 0)) : undefined,
+      hovertemplate: "%{text}<br>step %{x}<br>" + (metric === "drift" ? "drift" : `log10 ${metric}`) +
+        " %{z:.3g}<extra></extra>",
+      colorbar: { thickness: 10, tickfont: { color: "#8b96a3", size: 10 }, outlinewidth: 0 },
+      xgap: 0, ygap: d.params.length < 40 ? 1 : 0,
+    };
+    const showNames = d.params.length <= 30;
+    const layout = {
+      paper_bgcolor: "#161b22", plot_bgcolor: "#161b22",
+      font: { color: "#d8dee6", size: 11 },
+      margin: { l: showNames ? 150 : 40, r: 10, t: 8, b: 32 },
+      xaxis: { gridcolor: "#2a323d", tickfont: { color: "#8b96a3" } },
+      yaxis: { autorange: "reversed", tickfont: { color: "#8b96a3", size: 10 },
+        tickvals: showNames ? names.map((_, i) => i) : undefined,
+        ticktext: showNames ? d.params.map((n) => plotText(truncate(n, 24))) : undefined,
+        showticklabels: showNames, title: showNames ? undefined : { text: "parameter" } },
+      uirevision: `${this.runId}|${d.opt}|${d.rank}|${metric}`,
+    };
+    const config = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["toImage", "select2d", "lasso2d"] };
+    if (!this.ready) this.ready = Plotly.newPlot(this.gd, [trace], layout, config);
+    else this.ready = this.ready.then(() => Plotly.react(this.gd, [trace], layout, config));
+    await this.ready;
+  }
+
+  shapeOf(opt, name) {
+    const view = this.optimizers.find((o) => o.opt === opt && String(o.rank) === this.selRank.value) ||
+      this.optimizers.find((o) => o.opt === opt);
+    if (!view || !view.shapes) return "";
+    const i = view.params.indexOf(name);
+    return i >= 0 && view.shapes[i] ? `[${view.shapes[i].join("×")}]` : "";
+  }
+
+  sortBy(key) {
+    if (this.sortKey === key) this.sortDir = -this.sortDir;
+    else {
+      this.sortKey = key;
+      this.sortDir = key === "name" || key === "shape" ? 1 : -1;
+    }
+    this.renderTable();
+  }
+
+  renderTable() {
+    const k = this.sortKey, dir = this.sortDir;
+    const rows = [...this.rows].sort((a, b) => {
+      const x = a[k], y = b[k];
+      if (x === y) return 0;
+      if (x === null || x === "") return 1;
+      if (y === null || y === "") return -1;
+      return (x < y ? -1 : 1) * dir;
+    });
+    this.table.querySelectorAll("th[data-key]").forEach((th) => {
+      if (th.dataset.key === k) th.setAttribute("aria-sort", dir > 0 ? "ascending" : "descending");
+      else th.removeAttribute("aria-sort");
+    });
+    this.tbody.replaceChildren(...rows.map((r) => {
+      const tr = el("tr", { class: r.drift !== null && r.drift > HOT_DRIFT ? "hot" : null });
+      tr.append(
+        el("td", { title: r.name }, r.name),
+        el("td", {}, r.shape),
+        el("td", { class: "num" }, fmt(r.norm)),
+        el("td", { class: "num" }, fmt(r.drift)),
+        el("td", { class: "num" }, fmt(r.mean)),
+      );
+      return tr;
+    }));
+  }
+
+  clear() {
+    this.data = null;
+    this.rows = [];
+    this.tbody.replaceChildren();
+    if (this.abort) this.abort.abort();
+    if (this.ready && window.Plotly) window.Plotly.purge(this.gd);
+    this.ready = null;
+  }
+}
+
+function fillSelect(sel, items, keep) {
+  const current = keep ?? (items[0] && items[0][0]);
+  sel.replaceChildren(...items.map(([value, label]) => el("option", { value }, label)));
+  if (items.some(([v]) => v === current)) sel.value = current;
+  sel.hidden = items.length <= 1 && sel.id === "sel-rank";
+}
+
+function lastFinite(arr) {
+  for (let i = arr.length - 1; i >= 0; i--) if (arr[i] !== null) return arr[i];
+  return null;
+}
+
+function truncate(s, n) {
+  return s.length > n ? `…${s.slice(-(n - 1))}` : s;
+}

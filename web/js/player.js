@@ -1,0 +1,84 @@
+/**
+ * The step player of a stored run: a slider over the run's steps with play/pause and
+ * speed. The chosen step is drawn as a cursor across the charts and read out below them.
+ * At 1× the whole run plays in about a minute, whatever its length.
+ */
+
+const FULL_RUN_SECONDS = 60;
+
+export class Player {
+  /**
+   * @param {{root, play, speed, slider, readout}} els
+   * @param {(step: number) => void} onStep
+   */
+  constructor(els, onStep) {
+    Object.assign(this, els);
+    this.onStep = onStep;
+    this.playing = false;
+    this.raf = 0;
+    this.last = 0;
+    this.pos = 0;
+    this.slider.addEventListener("input", () => {
+      this.pos = Number(this.slider.value);
+      this.onStep(this.pos);
+    });
+    this.play.addEventListener("click", () => this.toggle());
+  }
+
+  /** Show (stored run) or hide (live run) the player, over steps [min, max]. */
+  setup(visible, min = 0, max = 0) {
+    this.root.hidden = !visible;
+    if (!visible) {
+      this.stop();
+      return;
+    }
+    const fresh = Number(this.slider.max) !== max || Number(this.slider.min) !== min;
+    this.slider.min = String(min);
+    this.slider.max = String(max);
+    if (fresh) {
+      this.pos = min;
+      this.slider.value = String(min);
+    }
+  }
+
+  toggle() {
+    if (this.playing) this.stop();
+    else this.start();
+  }
+
+  start() {
+    const min = Number(this.slider.min), max = Number(this.slider.max);
+    if (this.pos >= max) this.pos = min;
+    this.playing = true;
+    this.play.setAttribute("aria-pressed", "true");
+    this.play.textContent = "Pause";
+    this.last = performance.now();
+    const tick = (now) => {
+      if (!this.playing) return;
+      const dt = (now - this.last) / 1000;
+      this.last = now;
+      const span = Math.max(1, max - min);
+      const speed = Number(this.speed.value) || 1;
+      this.pos = Math.min(max, this.pos + Math.max(dt * speed * span / FULL_RUN_SECONDS, dt * speed * 10));
+      this.slider.value = String(Math.round(this.pos));
+      this.onStep(Math.round(this.pos));
+      if (this.pos >= max) this.stop();
+      else this.raf = requestAnimationFrame(tick);
+    };
+    this.raf = requestAnimationFrame(tick);
+  }
+
+  stop() {
+    this.playing = false;
+    cancelAnimationFrame(this.raf);
+    this.play.setAttribute("aria-pressed", "false");
+    this.play.textContent = "Play";
+  }
+
+  /** Jump to a step (e.g. the first step of a clicked finding). */
+  seek(step) {
+    this.pos = step;
+    this.slider.value = String(step);
+    this.onStep(step);
+  }
+}

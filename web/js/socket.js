@@ -1,0 +1,112 @@
+/**
+ * The one owner of the dashboard's websockets: connect, reconnect with backoff, and
+ * dispatch each frame to the handler registered for its `type`.
+ *
+ * The run list and the open run each hold one `LiveSocket` (`/ws/live` and
+ * `/ws/live?run=ID`). After a server restart a socket reconnects by itself; the server then
+ * sends a fresh `runs` or `snapshot` frame, so handlers rebuild from it and nothing is lost.
+ */
+
+import { wsUrl } from "./api.js";
+
+const BACKOFF_MIN_MS = 250;
+const BACKOFF_MAX_MS = 8000;
+
+export class LiveSocket {
+  /**
+   * @param {string} path server path, e.g. "/ws/live"
+   * @param {object} query query parameters (the token is added by api.wsUrl)
+   * @param {object} handlers `{ [type]: (frame) => void }`
+   * @param {(state: {state: string, retryIn?: number, reason?: string}) => void} onState
+   */
+  constructor(path, query, handlers, onState = () => {}) {
+    this.path = path;
+    this.query = query;
+    this.handlers = handlers;
+    this.onState = onState;
+    this.ws = null;
+    this.attempt = 0;
+    this.timer = null;
+    this.closed = false;
+    this.connect();
+  }
+
+  connect() {
+    if (this.closed) return;
+    this.onState({ state: "connecting" });
+    let ws;
+    try {
+      ws = new WebSocket(wsUrl(this.path, this.query));
+    } catch (err) {
+      this.scheduleReconnect(String(err));
+      return;
+    }
+    this.ws = ws;
+    ws.onopen = () => {
+      this.attempt = 0;
+      this.onState({ state: "open" });
+    };
+    ws.onmessage = (ev) => this.dispatch(ev.data);
+    ws.onclose = (ev) => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      const reason = ev.reason || (ev.code === 1008 ? "access refused (check the token)" : "");
+      if (ev.code === 4404) {
+        // No such run (yet): say so, and keep looking slowly in case its probe starts.
+        if (this.handlers.gone) this.handlers.gone({ reason });
+        this.attempt = Math.max(this.attempt, 3);
+      }
+      this.scheduleReconnect(reason);
+    };
+    // onerror is always followed by onclose, which does the reconnecting.
+    ws.onerror = () => {};
+  }
+
+  dispatch(text) {
+    let frame;
+    try {
+      frame = JSON.parse(text);
+    } catch {
+      console.warn("gradwatch: ignoring a frame that is not JSON");
+      return;
+    }
+    const handler = this.handlers[frame && frame.type];
+    if (handler) {
+      try {
+        handler(frame);
+      } catch (err) {
+        console.error(`gradwatch: handling a '${frame.type}' frame failed`, err);
+      }
+    }
+  }
+
+  scheduleReconnect(reason = "") {
+    if (this.closed) return;
+    // Exponential backoff with jitter, so many tabs do not hammer a restarting server.
+    const base = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** this.attempt);
+    const delay = Math.round(base * (0.75 + Math.random() * 0.5));
+    this.attempt += 1;
+    this.onState({ state: "closed", retryIn: delay, reason });
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.connect(), delay);
+  }
+
+  /** Reconnect now (e.g. the tab became visible again). */
+  poke() {
+    if (!this.ws && !this.closed) {
+      clearTimeout(this.timer);
+      this.connect();
+    }
+  }
+
+  /** Close for good (the user left this run). */
+  close() {
+    this.closed = true;
+    clearTimeout(this.timer);
+    if (this.ws) {
+      const ws = this.ws;
+      this.ws = null;
+      ws.close(1000, "dashboard left the run");
+    }
+  }
+}
