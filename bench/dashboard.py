@@ -21,6 +21,7 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -214,6 +215,7 @@ async def live_frames(browser: Any, base: str, ws_base: str, seconds: float,
             await asyncio.sleep(max(0.0, target - time.perf_counter()))
         elapsed = time.perf_counter() - start
         frames = await page.evaluate("window.__frames.slice(1)")
+        await send(ws, run, [End(seq=seq, t=T0 + i * 0.001, steps=i)])
         await asyncio.sleep(0.5)
         plotted = await page.evaluate(
             "document.getElementById('chart').data.filter(t => t.meta && "
@@ -270,6 +272,8 @@ async def main_async(args: argparse.Namespace) -> int:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        if not args.data:  # a temporary store of ~1 GB: do not leave it behind
+            shutil.rmtree(data, ignore_errors=True)
     return 0
 
 

@@ -61,6 +61,7 @@ def records(run: str, n: int, t0: float = 1000.0) -> list[Any]:
 
 
 def frames(run: str, n: int, size: int = 1000) -> list[str]:
+    """Ingest frames (JSON text) of ``size`` records."""
     recs = records(run, n)
     return [IngestBatch(run=run, records=recs[i:i + size]).model_dump_json()
             for i in range(0, len(recs), size)]
@@ -146,6 +147,7 @@ async def latency(srv: ServerProc, clients: int, seconds: float, run: str) -> li
 
 
 def pct(xs: list[float], q: float) -> float:
+    """The ``q`` quantile of ``xs``."""
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
@@ -176,6 +178,7 @@ def million(data: Path) -> tuple[float, float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its figures."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60_000, help="step records per ingest test")
     p.add_argument("--seconds", type=float, default=5.0, help="length of each latency test")

@@ -39,9 +39,12 @@ _FIX = {
 def _explain(kind: str, opt: str, n: int, first: int, stats: dict[str, int]) -> str:
     steps = f"{n} step{'s' if n != 1 else ''} from step {first}"
     if kind == "missed_reset":
+        piled = stats.get("piled", 0)
+        worst = (f"; at worst .grad held {piled} backward passes' worth where 1 was fresh"
+                 if piled > 1 else "")
         return (
-            f"{opt} re-applied gradients it had already stepped on: {stats['stale']} stale "
-            f"contributions over {steps}, so each update also repeats the old ones."
+            f"{opt} re-applied gradients it had already stepped on, over {steps}{worst}, "
+            f"so each update repeats old ones ({stats['stale']} stale contributions)."
         )
     if kind == "cross_optimizer_leak":
         return (
@@ -69,7 +72,8 @@ class _Group:
     steps: int = 0
     params: dict[int, None] = field(default_factory=dict)  # ordered set of indices
     counts: dict[str, int] = field(default_factory=lambda: {"stale": 0, "leaked": 0,
-                                                             "discarded": 0, "late": 0})
+                                                             "discarded": 0, "late": 0,
+                                                             "piled": 0})
 
 
 class Judge:
@@ -129,6 +133,9 @@ class Judge:
             g.first_step = min(g.first_step, s.step)
             g.last_step = max(g.last_step, s.step)
             g.counts[counter] += n
+            if kind == "missed_reset" and s.fresh:
+                # consumed/fresh: how many backward passes' worth each gradient carried
+                g.counts["piled"] = max(g.counts["piled"], round(s.consumed / s.fresh))
             for i in params:
                 g.params.setdefault(i, None)
             changed.append(self._finding(g))

@@ -138,6 +138,10 @@ def _findings(url: str, run_id: str) -> list[dict[str, Any]]:
     return list(data["findings"])
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="gradwatch demo", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -160,6 +164,9 @@ def main(argv: Sequence[str]) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     url = f"http://{args.host}:{args.port}"
+    # SIGTERM (docker stop, kill, a CI timeout) ends the demo like Ctrl-C, so the server
+    # child is stopped too instead of being orphaned.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     proc = start_server(args.host, args.port, args.data)
     try:
         print(f"\n  gradwatch dashboard: {url}/\n", flush=True)

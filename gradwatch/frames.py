@@ -130,21 +130,25 @@ class ParamSeries(_Frame):
 
 
 class RunsFrame(_Frame):
+    """Live, run-list view: every run, sent first."""
     type: Literal["runs"] = "runs"
     runs: list[RunSummary]
 
 
 class RunFrame(_Frame):
+    """Live: a run changed (new, counters, status); at most ~4 per second per run."""
     type: Literal["run"] = "run"
     run: RunSummary
 
 
 class DeletedFrame(_Frame):
+    """Live: a run was deleted."""
     type: Literal["deleted"] = "deleted"
     run: str
 
 
 class SnapshotFrame(_Frame):
+    """Live, one-run view: the run so far (steps downsampled), sent first."""
     type: Literal["snapshot"] = "snapshot"
     run: RunSummary
     optimizers: list[OptimizerView]
@@ -153,6 +157,7 @@ class SnapshotFrame(_Frame):
 
 
 class StepsFrame(_Frame):
+    """Live: new step rows; ``decimated`` when the client fell behind."""
     type: Literal["steps"] = "steps"
     run: str
     steps: StepSeries
@@ -160,12 +165,14 @@ class StepsFrame(_Frame):
 
 
 class FindingsFrame(_Frame):
+    """Live: the full current list of findings of a run."""
     type: Literal["findings"] = "findings"
     run: str
     findings: list[Finding]
 
 
 class OptimizerFrame(_Frame):
+    """Live: an optimizer appeared in a run."""
     type: Literal["optimizer"] = "optimizer"
     run: str
     optimizer: OptimizerView

@@ -47,26 +47,25 @@ def _parser() -> _Parser:
 
 
 def streamer_module() -> Any:
-    """``gradwatch.probe.stream``, also where torch is missing.
+    """``gradwatch.probe.stream`` without importing torch.
 
-    The probe package imports torch on import; its streamer does not, and replay (a
-    torch-free tool) only needs the streamer, so without torch its file is loaded alone.
+    The probe package imports torch when imported; its streamer module does not, and
+    replay (a torch-free tool) needs only the streamer, so its file is loaded on its own
+    (saving the seconds a torch import takes, and working where torch is missing).
     """
-    try:
-        from gradwatch.probe import stream
-
-        return stream
-    except ImportError:
-        spec = importlib.util.find_spec("gradwatch.probe")
-        if spec is None or not spec.submodule_search_locations:
-            raise
-        path = Path(list(spec.submodule_search_locations)[0]) / "stream.py"
-        sspec = importlib.util.spec_from_file_location("gradwatch_replay_stream", path)
-        if sspec is None or sspec.loader is None:
-            raise
-        module = importlib.util.module_from_spec(sspec)
-        sspec.loader.exec_module(module)
-        return module
+    loaded = sys.modules.get("gradwatch.probe.stream")
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.find_spec("gradwatch.probe")  # finds, does not import, it
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("gradwatch.probe is not installed")
+    path = Path(list(spec.submodule_search_locations)[0]) / "stream.py"
+    sspec = importlib.util.spec_from_file_location("gradwatch_replay_stream", path)
+    if sspec is None or sspec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(sspec)
+    sspec.loader.exec_module(module)
+    return module
 
 
 def new_run_id(run: str) -> str:

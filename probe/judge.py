@@ -18,12 +18,20 @@ A removed contribution counts only when it is lost to this optimizer: its backwa
 consumed by *another* optimizer's step (DCGAN: G's backward fills D's grads and D's next
 zero_grad clears them, fine) and no GradScaler-skipped step looked at it (the next reset
 after a skipped step throws away non-finite gradients on purpose).
+
+Cost: the usual step (every gradient reset by zero_grad since it was last consumed) takes
+the bulk path, :func:`_consume_fast`, which counts the hooks' raw hit list without touching
+parameters one by one. Only a gradient still holding consumed content, a missing gradient
+that had a contribution, a leak, or the armed path (hand-written resets) folds the hits per
+parameter (:func:`_consume_slow`).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import repeat
+from operator import is_
 from typing import TYPE_CHECKING, Any
 
 from gradwatch.probe import norms as _norms
@@ -40,8 +48,76 @@ _KEEP = 20_000
 
 def consume(tr: Tracker, st: OptState, closure: bool = False) -> None:
     """Count what the optimizer reads now; mark it consumed."""
-    params = st.params
-    grads = [p.grad for p in params]
+    grads = [p.grad for p in st.params]
+    any_missing = any(map(is_, grads, repeat(None)))
+    fast = not (st.dirty or st.lazy_old or st.rich)
+    if fast and any_missing:  # a gradient gone since its contribution: per parameter
+        missing = {k for k, g in enumerate(grads) if g is None}
+        fast = missing.isdisjoint(st.hits)
+    if not (fast and _consume_fast(tr, st)):
+        zero, mixed = _consume_slow(tr, st, grads)
+    else:
+        zero, mixed = [], []
+    acc = st.acc
+    if acc.stale:
+        st.shown_stale = True
+    every = tr.norms_every
+    if every and st.step % every == 0:
+        if st.norm_plan is False and not any_missing:
+            st.norm_plan = _norms.GroupPlan.make(grads)  # type: ignore[arg-type,unused-ignore]
+        acc.norms = _norms.sample(grads, getattr(st.opt, "grad_scale", None), zero, mixed,
+                                  st.baseline, any_missing, st.norm_plan or None)
+    if st.shown_stale and every and (st.step + 1) % every == 0:
+        st.baseline = _norms.snapshot(grads)
+    elif st.baseline is not None:
+        st.baseline = None
+    st.observe(grads)
+    st.armed = True
+    st.pre_check = None
+    tr.armed.add(st)
+    if closure:
+        acc.closure_evals += 1
+
+
+def _consume_fast(tr: Tracker, st: OptState) -> bool:
+    """The usual step: no gradient holds consumed content. Counts the raw hits in bulk.
+
+    Returns False (changing nothing) when a leak needs the per-parameter path.
+    """
+    hits = st.hits
+    marks = [j for j, h in enumerate(hits) if h < 0]
+    n = len(hits)
+    bws = [-hits[j] for j in marks if j + 1 < n and hits[j + 1] >= 0]
+    if n and hits[0] >= 0:
+        bws.append(st.cur_bw)
+    first, phase, uid = tr.first, tr.phase, st.uid
+    for b in bws:
+        c = first.get(b)
+        if c is not None and c[0] != uid and c[1] < phase:
+            return False  # leaked contributions: count them per parameter
+    for b in bws:
+        first.setdefault(b, (uid, phase))
+    if marks:
+        st.cur_bw = -hits[marks[-1]]
+    consumed = hits.copy()
+    hits.clear()  # in place: the hooks hold its append
+    total = n - len(marks)
+    acc = st.acc
+    acc.fresh += total
+    acc.consumed += total
+    acc.bws.update(bws)
+    acc.fresh_hits.append(consumed)
+    st.lazy_old.append(consumed)
+    return True
+
+
+def _consume_slow(tr: Tracker, st: OptState, grads: list[Any]) -> tuple[list[int],
+                                                                       list[tuple[int, int]]]:
+    """Some gradient still holds consumed content (or lost its fresh one): per parameter."""
+    st.sync()
+    st.sync_old()
+    st.dirty = True
+    st.ensure_observed()
     old, new, refs = st.old, st.new, st.refs
     acc = st.acc
     first = tr.first
@@ -87,10 +163,10 @@ def consume(tr: Tracker, st: OptState, closure: bool = False) -> None:
         acc.fresh_params.add(k)
         acc.consumed += o + len(nw)
         old[k] = o + len(nw)
-        nw.clear()
+        new[k] = []
     if suspicious:
         vals = _norms.values([g for k in suspicious if (g := grads[k]) is not None])
-        for k, v in zip(suspicious, vals, strict=False):
+        for k, v in zip(suspicious, vals, strict=True):
             zero.append(k)
             if v == 0.0:
                 st.reset(k, "zero_")  # p.grad.data.zero_() outside zero_grad
@@ -98,26 +174,12 @@ def consume(tr: Tracker, st: OptState, closure: bool = False) -> None:
                 acc.stale += old[k]
                 acc.stale_params.add(k)
                 acc.consumed += old[k]
-    if acc.stale:
-        st.shown_stale = True
-    every = tr.norms_every
-    if every and st.step % every == 0:
-        acc.norms = _norms.sample(grads, getattr(st.opt, "grad_scale", None), zero, mixed,
-                                  st.baseline)
-    if st.shown_stale and every and (st.step + 1) % every == 0:
-        st.baseline = _norms.snapshot(grads)
-    elif st.baseline is not None:
-        st.baseline = None
-    st.observe(grads)
-    st.armed = True
-    st.pre_check = None
-    tr.armed.add(st)
-    if closure:
-        acc.closure_evals += 1
+    return zero, mixed
 
 
 def observe_skip(tr: Tracker, st: OptState) -> None:
     """A GradScaler-skipped step looked at the gradients without applying them."""
+    st.sync()
     grads = [p.grad for p in st.params]
     acc = st.acc
     for k, g in enumerate(grads):
@@ -132,33 +194,32 @@ def observe_skip(tr: Tracker, st: OptState) -> None:
 
 @dataclass
 class PendingStep:
-    """A step record whose norms may still be on the device."""
+    """A step's facts, turned into a :class:`Step` record by the writer thread."""
 
-    step: Step
+    fields: dict[str, Any]
+    resets: list[tuple[str, set[int], int, bool]]
     norms: _norms.NormSample | None
 
     def to_record(self, seq: int) -> Step:
         """The finished record (host copy of the norms happens here, in the writer)."""
-        s = self.step
-        s.seq = seq
+        f = self.fields
+        for key in ("stale_params", "leaked_params", "late_params", "discarded_params"):
+            f[key] = sorted(f[key])
+        f["resets"] = [Reset.model_construct(how=how, params=sorted(ks), discarded=d,
+                                             after_backward=after)
+                       for how, ks, d, after in self.resets]
+        s = Step.model_construct(seq=seq, **f)
         if self.norms is not None:
-            per, fresh, known = self.norms.host()
+            per, fresh, s.norm, s.fresh_norm = self.norms.host()
             s.param_norms = per
             s.param_fresh_norms = fresh
-            s.norm = _total(per)
-            s.fresh_norm = _total(fresh) if known else None
             if s.norm is not None and s.fresh_norm:  # undefined when nothing fresh
                 s.drift = s.norm / s.fresh_norm
         return s
 
 
-def _total(xs: list[float | None]) -> float:
-    """Norm of all parameters together (those with a gradient); NaN and Inf propagate."""
-    return float(sum(x * x for x in xs if x is not None) ** 0.5)
-
-
 def finalize(tr: Tracker, st: OptState, skipped: bool) -> PendingStep:
-    """Judge the resets since the previous step and build the step record."""
+    """Judge the resets since the previous step and collect the step's facts."""
     acc = st.acc
     first, observed = tr.first, tr.observed
     uid = st.uid
@@ -166,36 +227,37 @@ def finalize(tr: Tracker, st: OptState, skipped: bool) -> PendingStep:
     discarded = 0
     discarded_params: set[int] = set()
     by_how: dict[str, list[Any]] = {}
-    for how, k, removed in st.pending:
-        e = by_how.setdefault(how, [set(), 0, False])
-        if k >= 0:
-            e[0].add(k)
-        if skipped or not removed:
+    for how, ks, removed in st.pending:
+        e = by_how.get(how)
+        if e is None:
+            e = by_how[how] = [set(), 0, False]
+        e[0].update(ks)
+        if skipped:
             continue
-        # Lost for this optimizer: no other optimizer's step consumed that backward and
-        # no skipped step looked at it (the DCGAN pattern clears G's backward from D).
-        wasted = [b for b in removed
-                  if b not in observed and first.get(b, (uid,))[0] == uid]
-        if not wasted:
-            continue
-        if k in acc.fresh_params:
-            discarded += len(wasted)
-            discarded_params.add(k)
-            e[1] += len(wasted)
-        else:
-            late.add(k)
-            e[2] = True
-    resets = [Reset(how=how, params=sorted(e[0]), discarded=e[1],  # type: ignore[arg-type]
-                    after_backward=e[2]) for how, e in by_how.items()]
-    step = Step(
-        seq=0, t=time.time(), opt=st.name, step=st.step, skipped=skipped,
+        for k, bws in removed:
+            # Lost for this optimizer: no other optimizer's step consumed that backward
+            # and no skipped step looked at it (DCGAN: D's zero_grad clears G's backward).
+            wasted = [b for b in bws if b not in observed and first.get(b, (uid,))[0] == uid]
+            if not wasted:
+                continue
+            if acc.had_fresh(k):
+                discarded += len(wasted)
+                discarded_params.add(k)
+                e[1] += len(wasted)
+            else:
+                late.add(k)
+                e[2] = True
+    fields = dict(
+        t=time.time(), opt=st.name, step=st.step, skipped=skipped,
         closure_evals=acc.closure_evals, backwards=len(acc.bws), consumed=acc.consumed,
         fresh=acc.fresh, stale=acc.stale, leaked=acc.leaked,
-        stale_params=sorted(acc.stale_params), leaked_params=sorted(acc.leaked_params),
-        late_params=sorted(late), discarded=discarded,
-        discarded_params=sorted(discarded_params), resets=resets,
+        stale_params=acc.stale_params, leaked_params=acc.leaked_params,
+        late_params=late, discarded=discarded, discarded_params=discarded_params,
+        norm=None, fresh_norm=None, drift=None, param_norms=None, param_fresh_norms=None,
+        type="step",
     )
-    pending = PendingStep(step, acc.norms)
+    pending = PendingStep(fields, [(how, e[0], e[1], e[2]) for how, e in by_how.items()],
+                          acc.norms)
     st.pending = []
     st.acc = StepAcc()
     st.step += 1

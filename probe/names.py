@@ -2,14 +2,16 @@
 
 With ``model=`` the names are ``model.named_parameters()`` names. Under ``gradwatch run``
 the probe does not know the model, so at attach time it looks once (via ``gc``) for the
-root modules that own the optimizer's parameters; with several roots (a GAN's generator
-and discriminator) names get the root's class name as a prefix. Anything else is named
+root modules that own the optimizer's parameters; when several root modules hold
+parameters (a GAN's generator and discriminator) names get the root's class name as a
+prefix. Anything else is named
 ``group{g}.param{i}``.
 """
 
 from __future__ import annotations
 
 import gc
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -35,21 +37,25 @@ def from_model(model: torch.nn.Module) -> Callable[[list[torch.Tensor]], list[st
 def from_live_modules(params: list[torch.Tensor]) -> list[str]:
     """Names from the root modules found in memory that own ``params``."""
     wanted = set(params)
-    modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+    with warnings.catch_warnings():  # isinstance() pokes deprecated module proxies
+        warnings.simplefilter("ignore")
+        modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
     children: set[int] = set()
     for m in modules:
         for c in m.children():
             children.add(id(c))
     owners: list[tuple[torch.nn.Module, dict[torch.Tensor, str]]] = []
+    roots_with_params = 0
     for m in modules:
         if id(m) in children:
             continue
-        table: dict[torch.Tensor, str] = {
-            p: n for n, p in m.named_parameters(remove_duplicate=False) if p in wanted}
+        named = list(m.named_parameters(remove_duplicate=False))
+        roots_with_params += bool(named)
+        table: dict[torch.Tensor, str] = {p: n for n, p in named if p in wanted}
         if table:
             owners.append((m, table))
     owners.sort(key=lambda o: -len(o[1]))
-    prefix = len(owners) > 1
+    prefix = roots_with_params > 1
     merged: dict[torch.Tensor, str] = {}
     for m, table in owners:
         for p, n in table.items():

@@ -9,7 +9,7 @@ For each parameter of a watched optimizer this keeps:
   the last observation, to tell an accumulation (same object, version + 1) from a reset
   (another object, or an in-place change of content already consumed).
 
-Resets append ``(how, k, removed)`` to ``pending``; the step that follows judges them.
+Resets append to ``pending``; the step that follows judges them.
 """
 
 from __future__ import annotations
@@ -32,10 +32,16 @@ class StepAcc:
     stale_params: set[int] = field(default_factory=set)
     leaked_params: set[int] = field(default_factory=set)
     fresh_params: set[int] = field(default_factory=set)
+    fresh_hits: list[list[Any]] = field(default_factory=list)
+    """Hit lists consumed in bulk at this step."""
     bws: set[int] = field(default_factory=set)
     closure_evals: int = 0
     norms: Any = None
-    """``(norm_index, norms_tensor, fresh)`` from :mod:`gradwatch.probe.norms`, or None."""
+    """A :class:`~gradwatch.probe.norms.NormSample`, or None when not sampled."""
+
+    def had_fresh(self, k: int) -> bool:
+        """Whether parameter ``k`` got a fresh contribution consumed at this step."""
+        return k in self.fresh_params or any(k in hits for hits in self.fresh_hits)
 
 
 class OptState:
@@ -53,6 +59,20 @@ class OptState:
         self.new: list[list[int]] = [[] for _ in range(n)]
         self.refs: list[weakref.ref[torch.Tensor] | None] = [None] * n
         self.vers: list[int] = [0] * n
+        self.last_grads: list[torch.Tensor | None] | None = None
+        self.refs_ready = True
+        self.hits: list[Any] = []
+        """Raw hook output, in order: param index, ``-bw`` backward markers, and on the
+        armed path ``(k, grad, version)``. Folded lazily: the usual step counts it in bulk."""
+        self.rich = False
+        """``hits`` holds armed-path tuples."""
+        self.cur_bw = 0
+        self.lazy_old: list[list[Any]] = []
+        """Hit lists consumed in bulk and not yet added into ``old``."""
+        self.dirty = False
+        """``old``/``new`` may hold content (else they are all zero/empty)."""
+        self.norm_plan: Any = False
+        """``False`` until made; then a :class:`~gradwatch.probe.norms.GroupPlan` or None."""
         self.armed = False
         """True once a step consumed and no optimizer-level zero_grad followed: hooks then
         record the grad object and version of each contribution (the rare, buggy path)."""
@@ -60,34 +80,129 @@ class OptState:
         self.unhooked: list[int] = []
         """Parameters without a hook yet (not requiring grad at attach time)."""
         self.step = 0
-        self.pending: list[tuple[str, int, list[int]]] = []
+        self.pending: list[tuple[str, list[int], list[tuple[int, list[int]]]]] = []
+        """Resets since the last step: ``(how, params, [(param, removed backward ids)])``."""
         self.acc = StepAcc()
         self.in_step = False
         self.closure_step = False
         self.shown_stale = False
         self.baseline: list[tuple[torch.Tensor, Any, int] | None] | None = None
         """Bug path only: copies of the gradients consumed last step, for exact fresh norms."""
-        self.custom = not type(opt).__module__.startswith("torch.optim")
-        """Optimizers outside torch.optim may change ``.grad`` in place while stepping."""
 
     def __hash__(self) -> int:
         return id(self)
 
     def observe(self, grads: list[torch.Tensor | None]) -> None:
-        """Remember each grad object and its version (after a consumption)."""
+        """Remember the consumed grads; their identity and versions are taken lazily.
+
+        Holding the list costs no memory in the usual loop: the zero_grad wrapper drops it
+        right after zero_grad frees the grads. Without zero_grad (a hand-written reset or a
+        bug) it lives until the next backward starts.
+        """
+        self.last_grads = grads
+        self.refs_ready = False
+
+    def ensure_observed(self, trigger: int = -1, trigger_version: int = 0) -> None:
+        """Turn the held grads into weak references and versions (once per step)."""
+        if self.refs_ready:
+            return
+        grads = self.last_grads
+        if grads is None:
+            grads = [p.grad for p in self.params]
         ref = weakref.ref
         self.refs = [None if g is None else ref(g) for g in grads]
         self.vers = [0 if g is None else g._version for g in grads]
+        if trigger >= 0 and grads[trigger] is not None:
+            # the hook that started this backward already accumulated into it
+            self.vers[trigger] = trigger_version - 1
+        self.last_grads = None
+        self.refs_ready = True
+
+    def drop_observed(self) -> None:
+        """After a zero_grad: nothing to compare with any more."""
+        self.last_grads = None
+        self.refs_ready = True
+
+    def sync(self) -> None:
+        """Fold raw hits into the per-parameter ``new`` lists (the rare, per-param paths)."""
+        if not self.hits:
+            return
+        hits = self.hits.copy()
+        self.hits.clear()  # in place: the hooks hold its append
+        self.rich = False
+        self.sync_old()
+        bw = self.cur_bw
+        new = self.new
+        for h in hits:
+            if type(h) is int:
+                if h < 0:
+                    bw = -h
+                else:
+                    new[h].append(bw)
+                    self.dirty = True
+            else:
+                self._rich(h[0], bw, h[1], h[2])
+        self.cur_bw = bw
+
+    def sync_old(self) -> None:
+        """Add the bulk-consumed hits into the per-parameter ``old`` counts."""
+        if not self.lazy_old:
+            return
+        old = self.old
+        for hits in self.lazy_old:
+            for h in hits:
+                if h >= 0:
+                    old[h] += 1
+                    self.dirty = True
+        self.lazy_old = []
+
+    def _rich(self, k: int, bw: int, g: torch.Tensor, v: int) -> None:
+        """An armed-path contribution: was the content it landed on reset first?"""
+        self.ensure_observed()
+        self.dirty = True
+        r = self.refs[k]
+        old_g = r() if r is not None else None
+        if old_g is not g:
+            # Another object: whatever the old one held is gone (p.grad = None / replaced).
+            if self.old[k] or self.new[k]:
+                self.reset(k, "set_none" if old_g is None else "replaced")
+            self.refs[k] = weakref.ref(g)
+        elif self.old[k] and not self.new[k]:
+            if v != self.vers[k] + 1:
+                # Same object changed in place before this contribution while it held
+                # only consumed content: a p.grad.zero_() outside zero_grad.
+                self.reset(k, "zero_")
+            elif self.pre_check is not None and self.pre_check.was_zero(k, bw):
+                self.reset(k, "zero_")  # p.grad.data.zero_(): no version bump, values zero
+        self.vers[k] = v
+        self.new[k].append(bw)
 
     def reset(self, k: int, how: str) -> None:
         """Record that parameter ``k``'s gradient content was removed by ``how``."""
+        self.sync()
+        self.sync_old()
         removed = self.new[k]
         if removed:
             self.new[k] = []  # hand the list itself to pending; never share it
-        else:
-            removed = []
         self.old[k] = 0
-        self.pending.append((how, k, removed))
+        self.pending.append((how, [k], [(k, removed)] if removed else []))
+
+    def reset_all(self, how: str) -> None:
+        """Every parameter was reset (optimizer zero_grad): in bulk where possible."""
+        if self.hits:
+            self.sync()
+        ks: set[int] = {h for hits in self.lazy_old for h in hits if h >= 0}
+        self.lazy_old = []
+        removed: list[tuple[int, list[int]]] = []
+        if self.dirty:
+            old, new = self.old, self.new
+            ks.update(k for k, (o, nw) in enumerate(zip(old, new, strict=True)) if o or nw)
+            removed = [(k, new[k]) for k in ks if new[k]]
+            for k, _ in removed:
+                new[k] = []
+            self.old = [0] * len(old)
+            self.dirty = False
+        self.pending.append((how, sorted(ks), removed))
 
 
 class PreCheck:
@@ -109,6 +224,7 @@ class PreCheck:
 
     @classmethod
     def take(cls, st: OptState, bw: int, trigger: int) -> PreCheck | None:
+        st.sync_old()
         ks, grads = [], []
         for k, p in enumerate(st.params):
             g = p.grad

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 WINDOW = 4
 """Batches in flight before waiting for an ack."""
+MIN_INTERVAL = 0.01
+"""Seconds between two frames that are not full."""
 FATAL_CLOSE = {1003: "unsupported data", 1007: "invalid record", 1008: "refused by policy"}
 
 
@@ -76,6 +78,8 @@ class Streamer:
         self._acked_seq = -1
         self._skip_le = -1  # records with seq <= this are already on the server
         self._inflight: deque[tuple[int, int, int]] = deque()  # (last seq, end off, n)
+        self._last_send = 0.0
+        self._last_full = False
         self._stats: dict[str, Any] = {"sent": 0, "dropped": 0, "connected": False, "reconnects": 0,
                        "acked_seq": -1, "backlog_bytes": 0, "disabled": None}
 
@@ -180,10 +184,18 @@ class Streamer:
     def _pump(self, ws: ClientConnection) -> bool:
         """Send up to WINDOW batches, then take one ack. True when done (closing)."""
         while len(self._inflight) < WINDOW:
+            # A trickle of lines (a flush per step) is sent at most every MIN_INTERVAL, so
+            # a fast loop makes fewer, fuller frames and stays under the server's rate limit.
+            wait = self._last_send + MIN_INTERVAL - time.monotonic()
+            if wait > 0 and not self._last_full:
+                if self._inflight:
+                    break  # take an ack meanwhile
+                time.sleep(wait)
             batch = self._read_batch()
             if batch is None:
                 break
             ws.send(batch.model_dump_json())
+            self._last_send = time.monotonic()
         if self._inflight:
             ack = Ack.model_validate_json(ws.recv(timeout=self.ack_timeout))
             while self._inflight and self._inflight[0][0] <= ack.seq:
@@ -215,9 +227,10 @@ class Streamer:
                     continue
                 return None
             records: list[Any] = []
-            off, size, last_seq = self._read_off, 0, self._skip_le
+            off, size, last_seq, cut = self._read_off, 0, self._skip_le, False
             for raw in data[:end + 1].split(b"\n")[:-1]:
                 if records and (len(records) >= self.max_records or size >= self.max_bytes):
+                    cut = True  # more lines are waiting: no need to pace the next frame
                     break
                 off += len(raw) + 1
                 if not raw.strip():
@@ -236,6 +249,7 @@ class Streamer:
                 last_seq = rec.seq
             self._read_off = off
             if records:
+                self._last_full = cut
                 self._skip_le = last_seq
                 self._inflight.append((last_seq, off, len(records)))
                 return IngestBatch(run=self.run, rank=self.rank, records=records)

@@ -1,10 +1,11 @@
 """The hooks: contributions from post-accumulate-grad hooks, resets from ``.grad`` state.
 
-Hot path (per parameter, per backward): the hook appends the parameter's index to one list
-(and, only on the rare *armed* path after a step without a following ``zero_grad``, the
-grad object and its version). Backward passes are told apart by a marker the first hook of
-each backward appends, with an engine callback that ends it. Everything else runs once per
-step (step pre/post hooks), or in the ``zero_grad`` wrappers, in batches.
+Hot path (per parameter, per backward): the hook appends the parameter's index to its
+optimizer's list (and, only on the rare *armed* path after a step without a following
+``zero_grad``, the grad object and its version). Backward passes are told apart by a
+marker the first hook of each backward appends, with an engine callback that ends it.
+Everything else runs once per step (step pre/post hooks) or in the ``zero_grad`` wrappers,
+in bulk where the step is the usual one (see :func:`gradwatch.probe.judge.consume`).
 
 Any internal error is logged once and the tracker turns itself off; training goes on.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +28,7 @@ from gradwatch.wire import OptimizerInfo
 log = logging.getLogger("gradwatch.probe")
 
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+_MAX_HITS = 1_000_000
 
 
 def _in_backward() -> bool:
@@ -45,9 +46,6 @@ class Tracker:
         self.bw = 0
         self.phase = 0
         self.stepped_since_bw = False
-        self.hits: list[Any] = []
-        self.drain_bw = 0
-        self.owner: list[tuple[OptState, int]] = []
         self.by_opt: dict[Any, OptState] = {}
         self.by_param: dict[torch.Tensor, list[tuple[OptState, int]]] = {}
         self.first: dict[int, tuple[int, int]] = {}
@@ -94,10 +92,12 @@ class Tracker:
                 # judged as discarded or late (we did not see where it came from).
                 self.bw += 1
                 st.new[k].append(self.bw)
+                st.dirty = True
                 self.observed.add(self.bw)
-        if instance_hooks:
-            self.handles.append(opt.register_step_pre_hook(self.pre))
-            self.handles.append(opt.register_step_post_hook(self.post))
+        if instance_hooks:  # torch.compile must not trace into them
+            self.handles.append(opt.register_step_pre_hook(torch.compiler.disable(self.pre)))
+            self.handles.append(opt.register_step_post_hook(
+                torch.compiler.disable(self.post)))
         names = self.namer(params) if self.namer else positional(groups)
         self.emit(OptimizerInfo(seq=0, t=time.time(), opt=name, cls=type(opt).__name__,
                                 params=names, shapes=[list(p.shape) for p in params],
@@ -109,85 +109,48 @@ class Tracker:
         if not p.requires_grad or p.grad_fn is not None:
             st.unhooked.append(k)
             return
-        i = len(self.owner)
-        self.owner.append((st, k))
-        append = self.hits.append
+        append = st.hits.append
         tracker = self
 
         def hook(param: torch.Tensor) -> None:
             if tracker.mode != 1:
                 if tracker.mode < 0:
                     return
-                tracker._begin(i)
+                tracker._begin(st, k)
             if st.armed:  # rare path: content consumed and no zero_grad since
                 g = param.grad
-                append((i, g, g._version))  # type: ignore[union-attr]
+                append((k, g, g._version))  # type: ignore[union-attr]
+                st.rich = True
             else:
-                append(i)
+                append(k)
 
         self.handles.append(p.register_post_accumulate_grad_hook(hook))
 
-    def _begin(self, i: int) -> None:
+    def _begin(self, trigger: OptState, tk: int) -> None:
+        """First hook of a backward pass: number it; end it with an engine callback."""
         try:
             self.mode = 1
             self.bw += 1
             if self.stepped_since_bw:
                 self.phase += 1
                 self.stepped_since_bw = False
-            self.hits.append(-self.bw)
+            marker = -self.bw
+            for st in self.by_opt.values():
+                if len(st.hits) > _MAX_HITS:  # backwards with no step nor zero_grad
+                    st.sync()
+                st.hits.append(marker)
             _queue_callback(self._end)
-            if self.armed:
-                trigger = self.owner[i]
-                for st in self.armed:
-                    st.pre_check = PreCheck.take(st, self.bw,
-                                                 trigger[1] if trigger[0] is st else -1)
+            for st in self.armed:
+                k = tk if trigger is st else -1
+                g = st.params[k].grad if k >= 0 else None
+                st.ensure_observed(k, g._version if g is not None else 0)
+                st.pre_check = PreCheck.take(st, self.bw, k)
         except Exception as e:  # noqa: BLE001 - never raise into autograd
             self.fail(e)
 
     def _end(self) -> None:
         if self.mode == 1:
             self.mode = 0
-
-    # ---------------------------------------------------------------- drain
-    def drain(self) -> None:
-        """Fold the hooks' raw hits into per-parameter contribution lists."""
-        hits = self.hits
-        if not hits:
-            return
-        owner = self.owner
-        bw = self.drain_bw
-        for h in hits:
-            if type(h) is int:
-                if h < 0:
-                    bw = -h
-                else:
-                    st, k = owner[h]
-                    st.new[k].append(bw)
-            else:
-                i, g, v = h
-                st, k = owner[i]
-                self._rich(st, k, bw, g, v)
-        hits.clear()
-        self.drain_bw = bw
-
-    @staticmethod
-    def _rich(st: OptState, k: int, bw: int, g: torch.Tensor, v: int) -> None:
-        r = st.refs[k]
-        old_g = r() if r is not None else None
-        if old_g is not g:
-            # Another object: whatever the old one held is gone (p.grad = None / replaced).
-            if st.old[k] or st.new[k]:
-                st.reset(k, "set_none" if old_g is None else "replaced")
-            st.refs[k] = weakref.ref(g)
-        elif st.old[k] and not st.new[k]:
-            if v != st.vers[k] + 1:
-                # Same object changed in place before this contribution while it held
-                # only consumed content: a p.grad.zero_() outside zero_grad.
-                st.reset(k, "zero_")
-            elif st.pre_check is not None and st.pre_check.was_zero(k, bw):
-                st.reset(k, "zero_")  # p.grad.data.zero_(): no version bump, values zero
-        st.vers[k] = v
-        st.new[k].append(bw)
 
     # ---------------------------------------------------------------- step hooks
     def pre(self, opt: Any, args: Any, kwargs: Any) -> Any:
@@ -202,7 +165,6 @@ class Tracker:
                 st = self.attach(opt, instance_hooks=False)
             if self.mode == 1 and not _in_backward():
                 self.mode = 0  # a backward that failed never ran its end callback
-            self.drain()
             if st.unhooked:
                 pending, st.unhooked = st.unhooked, []
                 for k in pending:
@@ -232,8 +194,6 @@ class Tracker:
                 return
             self.emit(judge.finalize(self, st, skipped=False))
             self.steps += 1
-            if st.custom:
-                st.observe([p.grad for p in st.params])
         except Exception as e:  # noqa: BLE001
             self.fail(e)
 
@@ -242,7 +202,6 @@ class Tracker:
             out = closure(*a, **kw)
             if self.mode >= 0:
                 try:
-                    self.drain()
                     judge.consume(self, st, closure=True)
                 except Exception as e:  # noqa: BLE001
                     self.fail(e)
@@ -257,12 +216,8 @@ class Tracker:
         if st is None or self.mode < 0:
             return
         try:
-            self.drain()
-            old, new = st.old, st.new
-            for k in range(len(old)):
-                if old[k] or new[k]:
-                    st.reset(k, "optimizer_zero_grad")
-            st.pending.append(("optimizer_zero_grad", -1, []))
+            st.reset_all("optimizer_zero_grad")
+            st.drop_observed()
             st.armed = False
             self.armed.discard(st)
         except Exception as e:  # noqa: BLE001
@@ -273,16 +228,19 @@ class Tracker:
         if self.mode < 0 or not self.by_param:
             return
         try:
-            self.drain()
-            covered: dict[OptState, int] = {}
+            covered: dict[OptState, list[int]] = {}
             for p in module.parameters():
                 for st, k in self.by_param.get(p, ()):
+                    covered.setdefault(st, []).append(k)
+            for st, ks in covered.items():
+                st.sync()
+                st.sync_old()
+                for k in ks:
                     if st.old[k] or st.new[k]:
                         st.reset(k, "module_zero_grad")
-                    covered[st] = covered.get(st, 0) + 1
-            for st, n in covered.items():
-                st.pending.append(("module_zero_grad", -1, []))
-                if n >= len(st.params):
+                st.pending.append(("module_zero_grad", [], []))
+                if len(ks) >= len(st.params):
+                    st.drop_observed()
                     st.armed = False
                     self.armed.discard(st)
         except Exception as e:  # noqa: BLE001
@@ -303,7 +261,6 @@ class Tracker:
         if st.step != before:
             return
         try:
-            self.drain()
             judge.observe_skip(self, st)
             self.emit(judge.finalize(self, st, skipped=True))
             self.steps += 1
@@ -336,4 +293,5 @@ class Tracker:
         self.remove_hooks()
         if self.mode >= 0:
             self.mode = -1
-        self.hits.clear()
+        for st in self.by_opt.values():
+            st.hits.clear()

@@ -1,19 +1,19 @@
-"""One writer thread: a bounded queue of records in, step log lines (and a streamer) out.
+"""One writer thread: a bounded buffer of records in, step log lines (and a streamer) out.
 
-The training thread only ``put_nowait``s; when the queue is full the record is dropped and
-counted (reported in ``Stats`` and ``End``). The writer thread numbers records (``seq``),
-copies sampled norms to the host, writes them with :class:`~gradwatch.steplog.StepLogWriter`,
-flushes when the queue drains and at least every second, tells the streamer after each
-flush, and feeds a :class:`~gradwatch.analysis.Judge` so the verdict is ready at close.
+The training thread only appends; when the buffer is full the record is dropped and counted
+(reported in ``Stats`` and ``End``). The writer thread numbers records (``seq``), copies
+sampled norms to the host, writes them with :class:`~gradwatch.steplog.StepLogWriter`,
+flushes each time it has drained the buffer (at least every second), tells the streamer
+after each flush, and feeds a :class:`~gradwatch.analysis.Judge` so the verdict is ready at
+close.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -21,31 +21,40 @@ from gradwatch.probe.judge import PendingStep
 
 from gradwatch.analysis import Judge
 from gradwatch.steplog import StepLogWriter
-from gradwatch.wire import Finding, Header, dump_record
+from gradwatch.wire import Finding, Header, Stats, dump_record
 
 log = logging.getLogger("gradwatch.probe")
 
 _STOP = object()
+_STATS_EVERY = 10.0
+"""Seconds between ``Stats`` records while records are being dropped."""
 
 
 class RecordWriter:
-    """Owns the queue, the thread, the step log file and the streamer."""
+    """Owns the buffer, the thread, the step log file and the streamer.
+
+    The training thread appends to a bounded deque (no lock, no wake-up: a wake-up per
+    record costs a thread switch per step); the writer thread polls it every
+    ``poll`` seconds, writes what it finds and flushes, so the log is never more than
+    ``poll`` seconds behind (the contract asks for at most one second).
+    """
 
     def __init__(self, header: Header, path: Path | None, *, maxsize: int = 10_000,
-                 flush_every: float = 1.0, streamer: Any = None,
-                 warn_findings: bool = True) -> None:
+                 poll: float = 0.1, streamer: Any = None, warn_findings: bool = True) -> None:
         self.path = path
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=maxsize)
+        self.maxsize = maxsize
+        self.buffer: deque[Any] = deque()
         self.dropped = 0
         self.written = 0
         self.judge = Judge()
         self.streamer = streamer
-        self.flush_every = flush_every
+        self.poll = poll
         self.warn_findings = warn_findings
         self._seq = 0
         self._warned: set[tuple[str, str]] = set()
         self._failed = False
-        self._file = StepLogWriter(path, flush_every=flush_every) if path else None
+        self._stop = threading.Event()
+        self._file = StepLogWriter(path, flush_every=1.0) if path else None
         self._emit(header)
         self._flush()
         self._thread = threading.Thread(target=self._run, name="gradwatch-writer",
@@ -53,39 +62,36 @@ class RecordWriter:
         self._thread.start()
 
     def put(self, record: Any) -> None:
-        """Enqueue a record; never blocks (a full queue drops and counts)."""
-        try:
-            self.queue.put_nowait(record)
-        except queue.Full:
+        """Buffer a record; never blocks (a full buffer drops and counts)."""
+        if len(self.buffer) >= self.maxsize:
             self.dropped += 1
+        else:
+            self.buffer.append(record)
 
     def put_blocking(self, record: Any, timeout: float = 5.0) -> None:
-        try:
-            self.queue.put(record, timeout=timeout)
-        except queue.Full:
-            self.dropped += 1
+        """Buffer a record, waiting up to ``timeout`` for room (close-time records)."""
+        deadline = time.monotonic() + timeout
+        while len(self.buffer) >= self.maxsize and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.put(record)
 
     def _run(self) -> None:
-        dirty = False
-        last = time.monotonic()
+        last_stats, reported = time.monotonic(), 0
         while True:
-            try:
-                item = self.queue.get(timeout=self.flush_every)
-            except queue.Empty:
-                if dirty:
-                    self._flush()
-                    dirty = False
-                continue
-            if item is _STOP:
-                break
-            self._emit(item)
-            dirty = True
+            stopping = self._stop.wait(self.poll)
+            wrote = False
+            while self.buffer:
+                self._emit(self.buffer.popleft())
+                wrote = True
             now = time.monotonic()
-            if self.queue.empty() or now - last >= self.flush_every:
+            if self.dropped != reported and now - last_stats >= _STATS_EVERY:
+                reported, last_stats = self.dropped, now
+                self._emit(Stats(seq=0, t=time.time(), dropped=reported))
+                wrote = True
+            if wrote:
                 self._flush()
-                dirty = False
-                last = now
-        self._flush()
+            if stopping and not self.buffer:
+                break
 
     def _emit(self, item: Any) -> None:
         try:
@@ -128,11 +134,10 @@ class RecordWriter:
                 self.streamer = None
 
     def close(self, timeout: float = 10.0) -> None:
-        """Write everything queued, stop the thread, close the file."""
+        """Write everything buffered, stop the thread, close the file."""
         if not self._thread.is_alive():
             return
-        with contextlib.suppress(queue.Full):
-            self.queue.put(_STOP, timeout=timeout)
+        self._stop.set()
         self._thread.join(timeout)
         if self._file is not None:
             self._file.close()

@@ -65,7 +65,7 @@ install_missing() {
   fi
   log "installing ${need[*]}"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 }
 
 start() {
@@ -77,6 +77,10 @@ start() {
   if our_pid >/dev/null && answers "$own_host"; then
     report "$own_host" 0
     return
+  fi
+  if [[ $(id -u) != 0 ]]; then
+    log "no Docker engine answers at $existing, and starting one needs root"
+    exit 1
   fi
   install_missing
   if pid=$(our_pid); then

@@ -23,14 +23,17 @@ router = APIRouter(prefix="/api")
 
 
 class RunList(BaseModel):
+    """Every run, newest first."""
     runs: list[RunSummary]
 
 
 class FindingList(BaseModel):
+    """Findings of a run."""
     findings: list[Finding]
 
 
 class Imported(BaseModel):
+    """An uploaded step log stored as a run."""
     run: str
     steps: int
     warnings: list[str]
@@ -52,16 +55,19 @@ def _missing(run_id: str) -> HTTPException:
 
 @router.get("/schema", summary="JSON Schema of the wire records and socket frames")
 async def schema() -> dict[str, Any]:
+    """JSON Schema of the wire records and of every socket frame."""
     return json_schema()
 
 
 @router.get("/runs", response_model=RunList, summary="Every run, newest first")
 async def runs(request: Request) -> Response:
+    """Every run, newest first."""
     return _json(RunList(runs=await asyncio.to_thread(_svc(request).reader.runs)))
 
 
 @router.get("/runs/{run_id}", summary="A run with its optimizers and header")
 async def run(run_id: str, request: Request) -> dict[str, Any]:
+    """A run: its summary plus ``optimizers`` and ``header``."""
     out = await asyncio.to_thread(_svc(request).reader.run, run_id)
     if out is None:
         raise _missing(run_id)
@@ -73,6 +79,7 @@ async def run(run_id: str, request: Request) -> dict[str, Any]:
 async def steps(request: Request, run_id: str, start: int | None = None,
                 end: int | None = None, max_points: int = Query(4000, ge=10, le=100_000),
                 opt: str | None = None, rank: int | None = None) -> Response:
+    """Step rows in [start, end], min/max-downsampled to ``max_points`` per (rank, opt)."""
     out = await asyncio.to_thread(_svc(request).reader.steps, run_id, start, end,
                                   max_points, opt, rank)
     if out is None:
@@ -85,6 +92,7 @@ async def steps(request: Request, run_id: str, start: int | None = None,
 async def params(request: Request, run_id: str, opt: str, rank: int = 0,
                  start: int | None = None, end: int | None = None,
                  max_points: int = Query(500, ge=1, le=100_000)) -> Response:
+    """Per-parameter norms; per bucket, the step with the largest total norm."""
     out = await asyncio.to_thread(_svc(request).reader.params, run_id, opt, rank, start,
                                   end, max_points)
     if out is None:
@@ -95,6 +103,7 @@ async def params(request: Request, run_id: str, opt: str, rank: int = 0,
 @router.get("/runs/{run_id}/findings", response_model=FindingList,
             summary="Findings, as gradwatch check computes them")
 async def findings(run_id: str, request: Request) -> Response:
+    """Findings, computed by the same Judge as ``gradwatch check``."""
     out = await asyncio.to_thread(_svc(request).reader.findings, run_id)
     if out is None:
         raise _missing(run_id)
@@ -105,6 +114,7 @@ async def findings(run_id: str, request: Request) -> Response:
             response_class=StreamingResponse)
 async def export(run_id: str, request: Request, format: Literal["jsonl", "csv"] = "jsonl",
                  rank: int = 0) -> StreamingResponse:
+    """The run as a step log (JSON Lines, one rank) or as CSV of step rows."""
     reader = _svc(request).reader
     if format == "jsonl":
         lines = await asyncio.to_thread(reader.export_lines, run_id, rank)
@@ -120,6 +130,7 @@ async def export(run_id: str, request: Request, format: Literal["jsonl", "csv"] 
 
 @router.delete("/runs/{run_id}", status_code=204, summary="Delete a run")
 async def delete(run_id: str, request: Request) -> Response:
+    """Delete a run and everything stored for it."""
     if not await _svc(request).delete(run_id):
         raise _missing(run_id)
     return Response(status_code=204)
@@ -132,6 +143,7 @@ async def delete(run_id: str, request: Request) -> Response:
                  "multipart/form-data": {"schema": {"type": "object", "properties": {
                      "file": {"type": "string", "format": "binary"}}}}}}})
 async def import_log(request: Request) -> Response:
+    """Store an uploaded step log (body, or multipart field ``file``) as a new run."""
     svc = _svc(request)
     limit = svc.settings.max_import_bytes
     chunks, size = [], 0

@@ -47,6 +47,10 @@ def _parser() -> _Parser:
     p.add_argument("--max-live-clients", type=int, default=200)
     p.add_argument("--interrupted-after", type=float, default=10.0,
                    help="seconds without a stream before a live run reads as interrupted")
+    p.add_argument("--send-timeout", type=float, default=10.0,
+                   help="seconds a live client's socket may stay blocked before it is dropped")
+    p.add_argument("--parse-processes", type=int, default=1,
+                   help="worker processes validating ingest frames (0: a thread)")
     p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                    help="extra browser origin allowed on the websockets")
     p.add_argument("--log-level", default="info",
@@ -84,7 +88,8 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
     s = Settings(host=a.host, port=a.port, data_dir=data, token=token,
                  max_frame_bytes=a.max_frame_bytes, max_msgs_per_sec=a.max_msgs_per_sec,
                  max_runs=a.max_runs, max_live_clients=a.max_live_clients,
-                 interrupted_after=a.interrupted_after,
+                 interrupted_after=a.interrupted_after, send_timeout=a.send_timeout,
+                 parse_processes=max(0, a.parse_processes),
                  allowed_origins=tuple(a.allow_origin))
     return s, a
 
@@ -131,7 +136,8 @@ def main(argv: Sequence[str]) -> int:
     from gradwatch.server.app import create_app
 
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    print(f"gradwatch: dashboard at http://{host}:{settings.port}/  "
+    hint = "?token=<your token>" if settings.token else ""
+    print(f"gradwatch: dashboard at http://{host}:{settings.port}/{hint}  "
           f"(data in {settings.data_dir})", flush=True)
     try:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port,

@@ -2,7 +2,7 @@
 
 One database file (``gradwatch.db``, WAL mode) holds every run. Each record is stored
 once, by (run, rank, seq), as its JSON line; step records are also spread into columns for
-the plots, with per-parameter norms packed as float64 blobs. ``step_agg`` holds, per
+the plots (per-parameter norms stay in the record). ``step_agg`` holds, per
 :data:`CHUNK` consecutive steps of one (rank, opt), where the min/max of ``norm`` and
 ``drift`` are, so a million-step run downsamples from ~16k pre-aggregated rows instead of
 scanning a million.
@@ -45,9 +45,6 @@ CREATE TABLE IF NOT EXISTS step_agg(
   mn_drift REAL, mn_drift_step INTEGER, mx_drift REAL, mx_drift_step INTEGER,
   flag_step INTEGER, odd_step INTEGER, sig TEXT,
   PRIMARY KEY(rid, rank, opt, chunk)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS param_norms(
-  rid INTEGER, rank INTEGER, opt TEXT, step INTEGER, total REAL, norms BLOB, fresh BLOB,
-  PRIMARY KEY(rid, rank, opt, step)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS optimizers(
   rid INTEGER, rank INTEGER, opt TEXT, body TEXT NOT NULL,
   PRIMARY KEY(rid, rank, opt)) WITHOUT ROWID;
@@ -56,8 +53,8 @@ CREATE TABLE IF NOT EXISTS findings(
   PRIMARY KEY(rid, rank, opt, kind)) WITHOUT ROWID;
 """
 
-RUN_TABLES = ("streams", "records", "steps", "series", "step_agg", "param_norms",
-              "optimizers", "findings", "runs")
+RUN_TABLES = ("streams", "records", "steps", "series", "step_agg", "optimizers",
+              "findings", "runs")
 
 # NaN is not a value SQLite can store (it becomes NULL), so the step columns keep a
 # bit per norm saying "this NULL was a NaN".

@@ -83,6 +83,7 @@ class Client:
             self._items.popleft()
 
     def pending(self) -> int:
+        """Frames queued and not yet taken."""
         return len(self._items)
 
     async def next(self) -> list[str]:
@@ -141,9 +142,11 @@ class Hub:
         return c
 
     def unsubscribe(self, client: Client) -> None:
+        """Forget a client (it left)."""
         self._clients.discard(client)
 
     def clients(self) -> int:
+        """Number of live clients."""
         return len(self._clients)
 
     def _offer(self, run: str | None, item: Item, list_too: bool = False) -> None:
@@ -160,16 +163,19 @@ class Hub:
             self._offer(run, _steps_item(run, rows, decimated=False))
 
     def publish_findings(self, run: str, findings: list[Finding]) -> None:
+        """A run's findings changed (the full list)."""
         if self._watched(run):
             text = FindingsFrame(run=run, findings=findings).model_dump_json()
             self._offer(run, Item("findings", text))
 
     def publish_optimizer(self, run: str, view: OptimizerView) -> None:
+        """An optimizer appeared in a run."""
         if self._watched(run):
             text = OptimizerFrame(run=run, optimizer=view).model_dump_json()
             self._offer(run, Item("optimizer", text))
 
     def publish_deleted(self, run: str) -> None:
+        """A run was deleted."""
         self._offer(run, Item("deleted", DeletedFrame(run=run).model_dump_json()), True)
 
     def publish_summary(self, summary: RunSummary, now: float | None = None) -> None:

@@ -86,6 +86,7 @@ class RateLimiter:
         self._last = clock()
 
     def allow(self) -> bool:
+        """Take a token for one frame; ``False`` when over the rate."""
         now = self._clock()
         self._tokens = min(self.capacity, self._tokens + (now - self._last) * self.rate)
         self._last = now
@@ -109,9 +110,11 @@ class StreamTracker:
         self._active: dict[str, int] = {}
 
     def connect(self, run: str) -> None:
+        """An ingest connection started sending to ``run``."""
         self._active[run] = self._active.get(run, 0) + 1
 
     def disconnect(self, run: str) -> None:
+        """An ingest connection of ``run`` closed."""
         n = self._active.get(run, 0) - 1
         if n > 0:
             self._active[run] = n
@@ -120,6 +123,7 @@ class StreamTracker:
         asyncio.get_running_loop().call_later(self.grace, self._check, run)
 
     def active(self, run: str) -> bool:
+        """Whether an ingest connection is sending to ``run``."""
         return self._active.get(run, 0) > 0
 
     def _check(self, run: str) -> None:

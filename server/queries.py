@@ -8,7 +8,6 @@ million-step series costs ~16k small rows plus the few thousand rows it returns.
 from __future__ import annotations
 
 import json
-import math
 import queue
 import sqlite3
 from collections.abc import Iterator
@@ -17,15 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from gradwatch.server import db
-from gradwatch.server.series import (
-    ROWS_PER_BUCKET,
-    Row,
-    bucket_size,
-    is_flagged,
-    reset_sig,
-    to_series,
-)
-from gradwatch.server.writes import STEP_SELECT, read_rows, to_row
+from gradwatch.server.downsample import param_steps, series_rows
+from gradwatch.server.series import Row, to_series
+from gradwatch.server.writes import STEP_SELECT, to_row
 
 from gradwatch.frames import OptimizerView, ParamSeries, RunSummary, StepSeries
 from gradwatch.wire import Finding
@@ -77,6 +70,7 @@ class Reader:
             return [_summary(t) for t in c.execute(_SUMMARY + "ORDER BY started DESC")]
 
     def summary(self, run_id: str) -> RunSummary | None:
+        """A run's summary, or ``None``."""
         with self.conn() as c:
             t = c.execute(_SUMMARY + "WHERE id=?", (run_id,)).fetchone()
             return None if t is None else _summary(t)
@@ -94,6 +88,7 @@ class Reader:
             return out
 
     def optimizers(self, run_id: str) -> list[OptimizerView]:
+        """A run's optimizers (every rank)."""
         with self.conn() as c:
             return self._optimizers(c, run_id)
 
@@ -119,15 +114,21 @@ class Reader:
                 (rid,))]
 
     def steps(self, run_id: str, start: int | None = None, end: int | None = None,
-              max_points: int = 4000, opt: str | None = None,
-              rank: int | None = None) -> StepSeries | None:
-        """Step rows in [start, end], ≤ ``max_points`` per (rank, opt); ``None``: no run."""
+              max_points: int = 4000, opt: str | None = None, rank: int | None = None,
+              last: dict[tuple[int, str], int] | None = None) -> StepSeries | None:
+        """Step rows in [start, end], ≤ ``max_points`` per (rank, opt); ``None``: no run.
+
+        Args:
+            last: if given, filled with the highest stored step of each (rank, opt), read
+                in the same transaction (a live snapshot skips live rows up to these).
+        """
         lo, hi = (-1 if start is None else start), (INF if end is None else end)
         with self.conn() as c:
+            c.execute("BEGIN")  # one consistent snapshot across the queries below
             rid = self._rid(c, run_id)
             if rid is None:
+                c.execute("COMMIT")
                 return None
-            c.execute("BEGIN")  # one consistent snapshot across the queries below
             rows: list[Row] = []
             bucket, total = 1, 0
             for r, o, nxt in c.execute(
@@ -135,19 +136,16 @@ class Reader:
                     (rid,)).fetchall():
                 if (rank is not None and r != rank) or (opt is not None and o != opt):
                     continue
-                got, b, n = _series_rows(c, rid, r, o, lo, hi, max_points, nxt)
+                got, b, n = series_rows(c, rid, r, o, lo, hi, max_points, nxt)
                 rows += got
                 bucket, total = max(bucket, b), total + n
+            if last is not None:
+                last.update({(r, o): s for r, o, s in c.execute(
+                    "SELECT s.rank, s.opt, (SELECT max(step) FROM steps t WHERE t.rid=s.rid "
+                    "AND t.rank=s.rank AND t.opt=s.opt) FROM series s WHERE s.rid=?", (rid,))
+                    if s is not None})
             c.execute("COMMIT")
         return to_series(rows, bucket, bucket > 1, total)
-
-    def last_steps(self, run_id: str) -> dict[tuple[int, str], int]:
-        """Highest stored step of each (rank, opt) of a run."""
-        with self.conn() as c:
-            return {(r, o): s for r, o, s in c.execute(
-                "SELECT s.rank, s.opt, (SELECT max(step) FROM steps t WHERE t.rid=s.rid "
-                "AND t.rank=s.rank AND t.opt=s.opt) FROM series s JOIN runs u ON "
-                "u.rid=s.rid WHERE u.id=?", (run_id,)) if s is not None}
 
     def params(self, run_id: str, opt: str, rank: int = 0, start: int | None = None,
                end: int | None = None, max_points: int = 500) -> ParamSeries | None:
@@ -160,23 +158,29 @@ class Reader:
             if row is None:
                 return None
             rid, names = row[0], json.loads(row[1]).get("params", [])
-            where = "WHERE rid=? AND rank=? AND opt=? AND step BETWEEN ? AND ?"
-            args = (rid, rank, opt, lo, hi)
-            n, smin, smax = c.execute(f"SELECT count(*), min(step), max(step) FROM "
-                                      f"param_norms {where}", args).fetchone()
-            b = 1 if n <= max_points else math.ceil((smax - smin + 1) / max_points)
-            if b == 1:
-                cur = c.execute(f"SELECT step, norms, fresh FROM param_norms {where} "
-                                f"ORDER BY step", args)
-            else:  # SQLite fills bare columns from the row holding the max()
-                cur = c.execute(f"SELECT step, norms, fresh, max(coalesce(total, -1)) FROM "
-                                f"param_norms {where} GROUP BY step / ? ORDER BY step",
-                                (*args, b))
+            nxt = c.execute("SELECT next_chunk FROM series WHERE rid=? AND rank=? AND opt=?",
+                            (rid, rank, opt)).fetchone()
+            picked, b = param_steps(c, rid, rank, opt, lo, hi, max_points,
+                                    nxt[0] if nxt else 0)
+            sql = ("SELECT s.step, r.body FROM steps s JOIN records r ON r.rid=s.rid AND "
+                   "r.rank=s.rank AND r.seq=s.seq WHERE s.rid=? AND s.rank=? AND s.opt=? ")
+            if picked is None:
+                cur: Any = c.execute(sql + "AND s.step BETWEEN ? AND ? ORDER BY s.step",
+                                     (rid, rank, opt, lo, hi))
+            else:
+                cur = []
+                for i in range(0, len(picked), 900):
+                    part = picked[i:i + 900]
+                    cur += c.execute(sql + f"AND s.step IN ({','.join('?' * len(part))}) "
+                                           f"ORDER BY s.step", (rid, rank, opt, *part)).fetchall()
             steps, norms, fresh = [], [], []
-            for t in cur:
-                steps.append(t[0])
-                norms.append(_unpack(t[1]))
-                fresh.append(_unpack(t[2]))
+            for step, body in cur:
+                d = json.loads(body)
+                if d.get("param_norms") is None and d.get("param_fresh_norms") is None:
+                    continue  # a step the probe did not measure (norms_every > 1)
+                steps.append(step)
+                norms.append(_floats(d.get("param_norms")))
+                fresh.append(_floats(d.get("param_fresh_norms")))
         return ParamSeries(opt=opt, rank=rank, params=names, step=steps, norm=norms,
                            fresh_norm=fresh, bucket=b)
 
@@ -220,70 +224,6 @@ class Reader:
         return gen()
 
 
-def _unpack(blob: bytes | None) -> list[float | None]:
-    from array import array
-    a = array("d")
-    if blob:
-        a.frombytes(blob)
-    return list(a)
-
-
-def _series_rows(c: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int, hi: int,
-                 max_points: int, next_chunk: int) -> tuple[list[Row], int, int]:
-    """Rows of one (rank, opt) in [lo, hi], downsampled; with bucket size and total."""
-    n, smin, smax = c.execute(
-        "SELECT count(*), min(step), max(step) FROM steps WHERE rid=? AND rank=? AND opt=? "
-        "AND step BETWEEN ? AND ?", (rid, rank, opt, lo, hi)).fetchone()
-    if n <= max_points:
-        return read_rows(c, rid, rank, opt, lo, hi), 1, n
-    b = bucket_size(smin, smax, max_points)
-    cands: dict[int, dict[str, tuple[float, int]]] = {}
-    raw: dict[int, Row] = {}
-    ranges = [(smin, smax)]
-    if b >= db.CHUNK:
-        b = math.ceil(b / db.CHUNK) * db.CHUNK
-        c_lo = -(-smin // db.CHUNK)
-        c_hi = min(next_chunk - 1, (smax + 1) // db.CHUNK - 1)
-        if c_hi >= c_lo:
-            ranges = [(smin, c_lo * db.CHUNK - 1), ((c_hi + 1) * db.CHUNK, smax)]
-            for a in c.execute(
-                    "SELECT chunk, mn_norm, mn_norm_step, mx_norm, mx_norm_step, mn_drift, "
-                    "mn_drift_step, mx_drift, mx_drift_step, flag_step, odd_step FROM "
-                    "step_agg WHERE rid=? AND rank=? AND opt=? AND chunk BETWEEN ? AND ?",
-                    (rid, rank, opt, c_lo, c_hi)):
-                d = cands.setdefault(a[0] * db.CHUNK // b, {})
-                for name, i, sign in (("mn_norm", 1, 1), ("mx_norm", 3, -1),
-                                      ("mn_drift", 5, 1), ("mx_drift", 7, -1)):
-                    if a[i] is not None:
-                        _better(d, name, sign * a[i], a[i + 1])
-                for name, i in (("flag", 9), ("odd", 10)):
-                    if a[i] is not None:
-                        _better(d, name, a[i], a[i])
-    for r0, r1 in ranges:
-        for r in (read_rows(c, rid, rank, opt, r0, r1) if r1 >= r0 else ()):
-            raw[r.step] = r
-            d = cands.setdefault(r.step // b, {})
-            for name, i, sign in (("mn_norm", 4, 1), ("mx_norm", 4, -1),
-                                  ("mn_drift", 6, 1), ("mx_drift", 6, -1)):
-                v = r[i]
-                if v is not None and math.isfinite(v):
-                    _better(d, name, sign * v, r.step)
-            if is_flagged(r):
-                _better(d, "flag", r.step, r.step)
-            if r.resets and reset_sig(r) != ("optimizer_zero_grad",):
-                _better(d, "odd", r.step, r.step)
-    keep = sorted({s for d in cands.values() for _, s in d.values()})
-    missing = [s for s in keep if s not in raw]
-    for i in range(0, len(missing), 900):
-        part = missing[i:i + 900]
-        for t in c.execute(STEP_SELECT + f"WHERE rid=? AND rank=? AND opt=? AND step IN "
-                           f"({','.join('?' * len(part))})", (rid, rank, opt, *part)):
-            raw[t[2]] = to_row(t)
-    assert len(cands) * ROWS_PER_BUCKET >= len(keep)
-    return [raw[s] for s in keep if s in raw], b, n
-
-
-def _better(d: dict[str, tuple[float, int]], name: str, key: float, step: int) -> None:
-    cur = d.get(name)
-    if cur is None or key < cur[0]:
-        d[name] = (key, step)
+def _floats(xs: list[Any] | None) -> list[float | None]:
+    """A JSON list of norms, with "NaN"/"Infinity" strings as floats."""
+    return [float(x) if isinstance(x, str) else x for x in xs or []]

@@ -6,8 +6,9 @@ database, the fan-out feeds it rows of live batches when a client falls behind.
 
 Downsampling keeps, per bucket of consecutive steps of one (rank, opt), the rows holding
 the min and the max of ``norm`` and of ``drift`` (so spikes survive), the first row with a
-finding fact (stale/leaked/late/discarded > 0, a skipped step, a NaN norm) and the first
-row whose resets differ from the bucket's usual ones: at most :data:`ROWS_PER_BUCKET` rows.
+finding fact (stale/leaked/late/discarded > 0, a skipped step, a non-finite norm) and the
+first row whose resets differ from the bucket's usual ones: at most
+:data:`ROWS_PER_BUCKET` rows.
 """
 
 from __future__ import annotations
@@ -48,14 +49,14 @@ def row_from_step(s: Step, rank: int) -> Row:
                tuple((r.how, len(r.params)) for r in s.resets))
 
 
-def _nan(x: float | None) -> bool:
-    return x is not None and math.isnan(x)
+def _odd_value(x: float | None) -> bool:
+    return x is not None and not math.isfinite(x)
 
 
 def is_flagged(r: Row) -> bool:
-    """A row a plot must never lose: a finding fact, a skipped step or a NaN norm."""
+    """A row a plot must never lose: a finding fact, a skipped step or a non-finite norm."""
     return bool(r.stale or r.leaked or r.late or r.discarded or r.skipped
-                or _nan(r.norm) or _nan(r.drift))
+                or _odd_value(r.norm) or _odd_value(r.drift))
 
 
 def reset_sig(r: Row) -> tuple[str, ...]:

@@ -57,3 +57,5 @@ class Settings:
     send_timeout: float = 10.0
     summary_interval: float = 0.25
     allowed_origins: tuple[str, ...] = ()
+    parse_processes: int = 0
+    """Worker processes validating ingest frames (0: a thread; ``gradwatch serve``: 1)."""

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gradwatch.server import db
+from gradwatch.server.digest import Digest, digest, digest_records
 from gradwatch.server.runstate import RunState, load_state, new_state
 from gradwatch.server.series import Row
 from gradwatch.server.writes import write_records
 
 from gradwatch.frames import OptimizerView, RunSummary
-from gradwatch.wire import Finding, Header, IngestBatch
+from gradwatch.wire import Finding, Header, IngestBatch, parse_record
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -167,49 +168,52 @@ class Store:
         self._states.move_to_end(run_id)
         return st
 
-    def ingest(self, batch: IngestBatch, name: str | None = None) -> IngestResult:
+    def ingest(self, batch: IngestBatch | Digest, name: str | None = None) -> IngestResult:
         """Store one batch (whole or not at all) and report what changed.
 
         Raises:
             IngestError: the batch breaks the stream rules or a limit.
         """
-        recs = batch.records
+        d = batch if isinstance(batch, Digest) else digest(batch)
+        items = d.items
         prev = -1
-        for r in recs:
-            if r.seq <= prev:
+        header: Header | None = None
+        for it in items:
+            if it.seq <= prev:
                 raise IngestError(1007, f"records must be in increasing seq order "
-                                        f"(seq {r.seq} after {prev})")
-            prev = r.seq
-            if isinstance(r, Header) and (r.seq != 0 or r.run != batch.run
-                                          or r.rank != batch.rank):
-                raise IngestError(1007, "a header must have seq 0 and the batch's run "
-                                        "and rank")
-        st = self._state(batch.run)
-        starts = bool(recs) and isinstance(recs[0], Header)
-        if (st is None or batch.rank not in st.max_seq) and not starts:
-            if not recs:
-                return IngestResult(batch.run, batch.rank, -1)
-            raise IngestError(1007, f"unknown stream {batch.run}/{batch.rank}: its first "
+                                        f"(seq {it.seq} after {prev})")
+            prev = it.seq
+            if it.kind == "header":
+                header = parse_record(it.body)
+                if it.seq != 0 or header.run != d.run or header.rank != d.rank:
+                    raise IngestError(1007, "a header must have seq 0 and the batch's run "
+                                            "and rank")
+        st = self._state(d.run)
+        starts = bool(items) and items[0].kind == "header"
+        if (st is None or d.rank not in st.max_seq) and not starts:
+            if not items:
+                return IngestResult(d.run, d.rank, -1)
+            raise IngestError(1007, f"unknown stream {d.run}/{d.rank}: its first "
                                     f"batch must start with its header (seq 0)")
         if st is None:
             n = self._conn.execute("SELECT count(*) FROM runs").fetchone()[0]
             if n >= self.max_runs:
                 raise IngestError(1008, f"run limit reached ({self.max_runs} runs); "
                                         f"delete runs to make room")
-        res = IngestResult(batch.run, batch.rank, -1)
+        res = IngestResult(d.run, d.rank, -1)
         self._conn.execute("BEGIN")
         try:
             if st is None:
-                assert isinstance(recs[0], Header)  # checked above
-                st = self._create(recs[0], name)
+                assert header is not None  # checked above
+                st = self._create(header, name)
                 res.new_run = True
-            write_records(self._conn, st, batch.rank, recs, res)
+            write_records(self._conn, st, d.rank, items, res)
             self._conn.execute("COMMIT")
         except BaseException:
             self._conn.execute("ROLLBACK")
-            self._states.pop(batch.run, None)  # its judge saw rolled-back records
+            self._states.pop(d.run, None)  # its judge saw rolled-back records
             raise
-        res.ack = st.max_seq.get(batch.rank, -1)
+        res.ack = st.max_seq.get(d.rank, -1)
         res.summary = st.summary()
         return res
 
@@ -273,8 +277,7 @@ class Store:
         recs: list[Any] = [header, *records]
         steps = 0
         for i in range(0, len(recs), 5000):
-            res = self.ingest(IngestBatch(run=run_id, rank=header.rank,
-                                          records=recs[i:i + 5000]), name)
+            res = self.ingest(digest_records(run_id, header.rank, recs[i:i + 5000]), name)
             steps += len(res.rows)
         st = self._state(run_id)
         if st is not None and st.status == "live":

@@ -35,6 +35,7 @@ def plotly_js() -> Path | None:
 
 @router.get("/", response_model=None)
 async def index() -> FileResponse | HTMLResponse:
+    """The dashboard page."""
     page = web_dir() / "index.html"
     if page.is_file():
         return FileResponse(page, media_type="text/html")
@@ -43,6 +44,7 @@ async def index() -> FileResponse | HTMLResponse:
 
 @router.get("/static/vendor/plotly.min.js", response_model=None)
 async def plotly() -> FileResponse:
+    """plotly.js from the installed plotly package (no CDN)."""
     p = plotly_js()
     if p is None:
         raise HTTPException(404, "plotly is not installed: pip install 'gradwatch[server]'")

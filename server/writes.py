@@ -2,7 +2,8 @@
 
 Each record goes to ``records`` once by (run, rank, seq); only records new to the database
 update the columns, counters and the run's :class:`~gradwatch.analysis.Judge`, so a resend
-changes nothing. Closed chunks of :data:`server.db.CHUNK` steps get their ``step_agg`` row.
+changes nothing. Per-parameter norms stay in the step records (read back for the few steps
+a heatmap shows). Closed chunks of :data:`server.db.CHUNK` steps get their ``step_agg`` row.
 """
 
 from __future__ import annotations
@@ -10,16 +11,16 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from array import array
 from collections import Counter
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from gradwatch.server import db
+from gradwatch.server.digest import Item
 from gradwatch.server.runstate import RunState
-from gradwatch.server.series import Row, is_flagged, reset_sig, row_from_step
+from gradwatch.server.series import Row, is_flagged, reset_sig
 
 from gradwatch.frames import OptimizerView
-from gradwatch.wire import End, Header, OptimizerInfo, Stats, Step
+from gradwatch.wire import End, Header, OptimizerInfo, Stats, parse_record
 
 if TYPE_CHECKING:
     from gradwatch.server.storage import IngestResult
@@ -27,52 +28,37 @@ if TYPE_CHECKING:
 _NAN = float("nan")
 
 
-def _col(x: float | None, bit: int) -> tuple[float | None, int]:
-    if x != x:  # NaN, the one value not equal to itself
-        return None, bit
-    return x, 0
-
-
-def _pack(xs: list[float | None]) -> bytes:
-    try:
-        return array("d", cast("list[float]", xs)).tobytes()
-    except TypeError:  # a None (not sampled) among them
-        return array("d", [_NAN if x is None else x for x in xs]).tobytes()
-
-
-def write_records(conn: sqlite3.Connection, st: RunState, rank: int, recs: list[Any],
+def write_records(conn: sqlite3.Connection, st: RunState, rank: int, items: list[Item],
                   res: IngestResult) -> None:
     """Store the new records of one (run, rank) batch and fill ``res`` with the changes."""
     rid = st.rid
     max_seq = st.max_seq.get(rank, -1)
-    new: list[Any] = []
+    new: list[Item] = []
     ins = "INSERT OR IGNORE INTO records(rid, rank, seq, kind, body) VALUES(?,?,?,?,?)"
     fresh_rows = []
-    for r in recs:
-        row = (rid, rank, r.seq, r.type, r.model_dump_json(exclude_none=True))
-        if r.seq > max_seq:  # above the highest stored seq: new for sure
+    for it in items:
+        row = (rid, rank, it.seq, it.kind, it.body)
+        if it.seq > max_seq:  # above the highest stored seq: new for sure
             fresh_rows.append(row)
-            new.append(r)
+            new.append(it)
         elif conn.execute(ins, row).rowcount == 1:  # a gap being filled
-            new.append(r)
+            new.append(it)
     conn.executemany(ins, fresh_rows)
     if not new:
         return
     step_rows: list[tuple[Any, ...]] = []
-    norm_rows: list[tuple[Any, ...]] = []
     touched: dict[str, list[Row]] = {}
     changed = False
-    for r in new:
-        if isinstance(r, Step):
-            row = row_from_step(r, rank)
-            step_rows.append(_step_columns(rid, r.seq, row))
-            res.rows.append(row)
-            touched.setdefault(r.opt, []).append(row)
-            if r.param_norms is not None or r.param_fresh_norms is not None:
-                norm_rows.append((rid, rank, r.opt, r.step, r.norm,
-                                  _pack(r.param_norms or []),
-                                  _pack(r.param_fresh_norms or [])))
-        elif isinstance(r, Header):
+    for it in new:
+        srow = it.row
+        if srow is not None:
+            step_rows.append(_step_columns(rid, it.seq, srow))
+            res.rows.append(srow)
+            touched.setdefault(srow.opt, []).append(srow)
+            if not it.flagged:
+                continue  # a step without finding facts changes no finding
+        r = parse_record(it.body)
+        if isinstance(r, Header):
             if rank not in st.ranks:
                 st.ranks.append(rank)
         elif isinstance(r, OptimizerInfo):
@@ -95,15 +81,14 @@ def write_records(conn: sqlite3.Connection, st: RunState, rank: int, recs: list[
                          (rid, *key, f.first_step, f.model_dump_json()))
     conn.executemany("INSERT OR REPLACE INTO steps VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                      step_rows)
-    conn.executemany("INSERT OR REPLACE INTO param_norms VALUES(?,?,?,?,?,?,?)", norm_rows)
     for opt, opt_rows in touched.items():
         _aggregate(conn, st, rank, opt, opt_rows)
     if changed:
         res.findings = st.judge.findings()
     res.stored = len(new)
     st.steps += len(step_rows)
-    st.max_seq[rank] = max(max_seq, new[-1].seq, *(r.seq for r in new))
-    st.updated = max(st.updated, max(r.t for r in new))
+    st.max_seq[rank] = max(max_seq, max(it.seq for it in new))
+    st.updated = max(st.updated, max(it.t for it in new))
     st.status = st.final_status() or "live"
     conn.execute(
         "UPDATE runs SET status=?, updated=?, steps=?, findings=?, ranks=?, optimizers=?, "
@@ -115,11 +100,11 @@ def write_records(conn: sqlite3.Connection, st: RunState, rank: int, recs: list[
 
 
 def _step_columns(rid: int, seq: int, r: Row) -> tuple[Any, ...]:
-    norm, b1 = _col(r.norm, db.NAN_NORM)
-    fresh, b2 = _col(r.fresh_norm, db.NAN_FRESH)
-    drift, b3 = _col(r.drift, db.NAN_DRIFT)
+    # SQLite stores NaN as NULL; the ``nan`` bits keep NaN apart from "not measured"
+    nan = ((r.norm != r.norm) * db.NAN_NORM | (r.fresh_norm != r.fresh_norm) * db.NAN_FRESH
+           | (r.drift != r.drift) * db.NAN_DRIFT)
     resets = ";".join([f"{how}:{n}" for how, n in r.resets]) or None
-    return (rid, r.rank, r.opt, r.step, seq, r.t, norm, fresh, drift, b1 | b2 | b3,
+    return (rid, r.rank, r.opt, r.step, seq, r.t, r.norm, r.fresh_norm, r.drift, nan,
             r.stale, r.leaked, r.late, r.discarded, int(r.skipped), resets)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from typing import Any
 
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
@@ -21,7 +22,6 @@ from gradwatch.server.ingest import (
     FrameError,
     RateLimiter,
     check_size,
-    parse_frame,
     short,
 )
 from gradwatch.server.security import origin_ok, token_ok
@@ -32,8 +32,6 @@ from gradwatch.frames import Ack, Hello, Resume, RunsFrame, SnapshotFrame
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-
-_THREAD_PARSE_BYTES = 32 << 10  # parse bigger frames off the event loop
 
 
 async def _guard(ws: WebSocket) -> Service | None:
@@ -109,10 +107,11 @@ class _IngestSession:
                 if not self.limiter.allow():
                     raise FrameError(CLOSE_TRY_LATER, f"rate limit: more than "
                                                       f"{s.max_msgs_per_sec:g} frames/s")
-                frame = (await asyncio.to_thread(parse_frame, text)
-                         if len(text) > _THREAD_PARSE_BYTES else parse_frame(text))
+                kind, frame = await self.svc.parse(text)
+                if kind == "error":
+                    raise FrameError(*frame)
                 try:
-                    if isinstance(frame, Hello):
+                    if kind == "hello":
                         job = self.svc.store.submit(self.svc.store.resume_seq, frame.run,
                                                     frame.rank)
                     else:
@@ -191,14 +190,22 @@ def _snapshot(svc: Service, run: str, max_points: int
     summary = svc.reader.summary(run)
     if summary is None:
         return None
-    last = svc.reader.last_steps(run)
-    steps = svc.reader.steps(run, max_points=max_points)
+    last: dict[tuple[int, str], int] = {}
+    steps = svc.reader.steps(run, max_points=max_points, last=last)
     findings = svc.reader.findings(run) or []
     if steps is None:
         return None
     frame = SnapshotFrame(run=summary, optimizers=svc.reader.optimizers(run), steps=steps,
                           findings=findings)
     return last, frame
+
+
+async def _send(ws: WebSocket, text: str, timeout: float) -> None:
+    if sys.version_info >= (3, 11):  # a timer, not a task per frame as wait_for makes
+        async with asyncio.timeout(timeout):
+            await ws.send_text(text)
+    else:  # pragma: no cover - Python 3.10
+        await asyncio.wait_for(ws.send_text(text), timeout)
 
 
 async def _pump(ws: WebSocket, client: Client, send_timeout: float) -> None:
@@ -210,25 +217,25 @@ async def _pump(ws: WebSocket, client: Client, send_timeout: float) -> None:
             if msg["type"] == "websocket.disconnect":
                 return
 
-    reader = asyncio.create_task(drain_incoming())
-    try:
-        while not reader.done():
-            getter = asyncio.create_task(client.next())
-            done, _ = await asyncio.wait({getter, reader},
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if getter not in done:
-                getter.cancel()
-                return
-            for text in getter.result():
+    async def send_frames() -> None:
+        while True:
+            for text in await client.next():
                 try:
-                    await asyncio.wait_for(ws.send_text(text), send_timeout)
+                    await _send(ws, text, send_timeout)
                 except asyncio.TimeoutError:
                     log.warning("live client too slow (blocked %.0fs); dropping it",
                                 send_timeout)
                     with contextlib.suppress(Exception):
                         await ws.close(CLOSE_TRY_LATER, "too slow: dropped")
                     return
-    except (WebSocketDisconnect, RuntimeError):
-        return
+
+    tasks = {asyncio.create_task(drain_incoming()), asyncio.create_task(send_frames())}
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        reader.cancel()
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect,
+                                     RuntimeError):
+                await t

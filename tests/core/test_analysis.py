@@ -22,6 +22,7 @@ def test_missed_reset_is_one_finding_spanning_its_steps() -> None:
         "missed_reset", "SGD#0", 1, 3, 3)
     assert f.params == ["w", "b"]
     assert "zero_grad" in f.fix and "12 stale" in f.message
+    assert "held 4 backward passes" in f.message
 
 
 def test_each_fact_maps_to_its_kind() -> None:

@@ -198,7 +198,7 @@ def _wait_for_steps(base: str, run: str, steps: int, timeout: float = 30) -> dic
     raise AssertionError(f"run {run} did not arrive with {steps} steps: {summary}")
 
 
-def _train_with_forgotten_zero_grad(server: str, log: Path) -> None:
+def _train_with_forgotten_zero_grad(server: str, step_log: Path) -> None:
     """A tiny real training loop under the probe; the bug: no zero_grad, ever."""
     import torch
 
@@ -207,7 +207,7 @@ def _train_with_forgotten_zero_grad(server: str, log: Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    handle = gradwatch.watch(optimizer, model=model, server=server, log=log)
+    handle = gradwatch.watch(optimizer, model=model, server=server, log=step_log)
     try:
         for _ in range(STEPS):
             x = torch.randn(16, 4)
@@ -219,10 +219,12 @@ def _train_with_forgotten_zero_grad(server: str, log: Path) -> None:
 
 
 def _stored(base: str, run: str) -> tuple[dict[str, Any], list[str], int]:
+    """What a user sees of a run: its summary, its finding kinds, how often it is listed."""
     summary = _get(f"{base}/api/runs/{run}")
+    seen = {k: summary[k] for k in ("id", "name", "status", "steps", "findings", "optimizers")}
     kinds = sorted(f["kind"] for f in _get(f"{base}/api/runs/{run}/findings")["findings"])
     listed = [r["id"] for r in _get(f"{base}/api/runs")["runs"]]
-    return summary, kinds, listed.count(run)
+    return seen, kinds, listed.count(run)
 
 
 # ---------------------------------------------------------------- the image, for real
@@ -275,12 +277,12 @@ def test_image_stores_a_streamed_run_and_keeps_it_across_restart(
         has_torch = "import importlib.util as u; print(u.find_spec('torch') is not None)"
         assert docker("exec", name, "python", "-c", has_torch) == "False", "torch in the image"
 
-        log = tmp_path / "x.jsonl"
-        _train_with_forgotten_zero_grad(f"ws://127.0.0.1:{port}", log)
+        step_log = tmp_path / "x.jsonl"
+        _train_with_forgotten_zero_grad(f"ws://127.0.0.1:{port}", step_log)
 
         # The step log written beside the stream is the reference: same run, same steps,
         # and the findings that `gradwatch check` would report for it.
-        local = read_log(log)
+        local = read_log(step_log)
         run = local.header.run
         local_steps = sum(isinstance(r, Step) for r in local.records)
         local_kinds = sorted(f.kind for f in judge(local.records).findings())

@@ -36,3 +36,30 @@ def test_demo_refuses_a_bad_port() -> None:
     r = subprocess.run([sys.executable, "-m", "gradwatch.cli", "demo", "--port", "70000"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--port must be 1-65535" in r.stderr
+
+
+def test_sigterm_stops_the_demo_and_its_server(tmp_path: Path) -> None:
+    import time
+    import urllib.request
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gradwatch.cli", "demo", "--port", str(port), "--data",
+         str(tmp_path / "data"), "--steps-per-phase", "5", "--pace", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # wait until the training is done and it only serves
+            if "Ctrl-C to stop" in line:
+                break
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(0.5)
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+        raise AssertionError("the server outlived the demo")
+    except OSError:
+        pass

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import socket
 import statistics
 import time
 import urllib.error
@@ -155,3 +158,82 @@ def test_token_and_origin_on_a_real_server(tmp_path: Path, monkeypatch: Any) -> 
         with urllib.request.urlopen(req, timeout=5) as r:
             assert r.status == 200
 
+
+
+def stuck_client(port: int, path: str) -> socket.socket:
+    """A websocket client that completes the handshake and then never reads."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a window that fills fast
+    sock.connect(("127.0.0.1", port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                 f"Sec-WebSocket-Version: 13\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert b" 101 " in head.split(b"\r\n")[0], head
+    return sock
+
+
+def test_a_stuck_live_client_never_stalls_ingest_or_other_clients(tmp_path: Path) -> None:
+    import synth
+    from gradwatch.probe.stream import Streamer
+
+    from gradwatch.steplog import StepLogWriter
+
+    n = 50_000  # ~6 MB of live frames: more than the kernel buffers of a socket hold
+    recs = synth.records("stuck", steps=n)
+    with ServerProc(tmp_path / "data", None, "--send-timeout", "1") as srv:
+        spool = tmp_path / "spool.jsonl"
+        with StepLogWriter(spool) as w:
+            for r in recs[:2]:
+                w.write(r)
+        s = Streamer(srv.ws, spool, "stuck")
+        s.start()
+        deadline = time.monotonic() + 10
+        while s.stats()["acked_seq"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        # a client that never reads: its socket fills up, its queue is decimated
+        stuck = stuck_client(srv.port, "/ws/live?run=stuck")
+        good = LiveCollector(srv.ws, "stuck")
+        good.start()
+        time.sleep(0.3)
+        t = time.perf_counter()
+        with StepLogWriter(spool) as w:
+            for r in recs[2:]:
+                w.write(r)
+        s.notify()
+        s.close(timeout=60)
+        took = time.perf_counter() - t
+        good.wait_for(n, timeout=30)
+        stuck.close()
+        assert s.stats()["acked_seq"] == len(recs) - 1
+        assert good.error is None and not good.decimated
+        assert sorted(st for _, _, st in good.rows) == list(range(n))
+        assert srv.get("/api/runs/stuck")["steps"] == n
+        assert took < 30, took
+        assert "live client too slow" in srv.log.read_text()  # it was dropped
+
+
+def test_a_flush_per_step_stays_under_the_rate_limit(tmp_path: Path) -> None:
+    import synth
+    from gradwatch.probe.stream import Streamer
+
+    from gradwatch.steplog import StepLogWriter
+
+    recs = synth.records("trickle", steps=3000)
+    with ServerProc(tmp_path / "data", None, "--max-msgs-per-sec", "150") as srv:
+        spool = tmp_path / "spool.jsonl"
+        s = Streamer(srv.ws, spool, "trickle")
+        s.start()
+        with StepLogWriter(spool, flush_every=0) as w:
+            for r in recs:  # ~3000 lines/s, each flushed and notified on its own
+                w.write(r)
+                s.notify()
+                time.sleep(0.0003)
+        s.close(timeout=30)
+        stats = s.stats()
+        assert stats["reconnects"] == 0 and stats["disabled"] is None, stats
+        assert srv.get("/api/runs/trickle")["steps"] == 3000

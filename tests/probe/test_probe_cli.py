@@ -156,3 +156,57 @@ def test_crash_mid_run_leaves_complete_lines(tmp_path: Path) -> None:
     assert parsed.warnings and "truncated" in parsed.warnings[0]
     c = _run(["check", str(log)], tmp_path)
     assert c.returncode == 1 and "missed_reset" in c.stdout
+
+
+def test_run_in_process_manual_sgd_and_gan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Manual SGD (no optimizer) stays clean; a GAN script gets names and the leak found."""
+    from gradwatch.probe import runner
+
+    from gradwatch.analysis import judge
+
+    monkeypatch.chdir(tmp_path)
+    manual = tmp_path / "manual.py"
+    manual.write_text(textwrap.dedent('''
+        import torch
+        w = torch.zeros(3, requires_grad=True)
+        for i in range(4):
+            loss = ((w - 1.0) ** 2).sum()
+            loss.backward()
+            with torch.no_grad():
+                w -= 0.1 * w.grad
+            w.grad.zero_()
+    '''))
+    assert runner.main(["--log", "manual.jsonl", "--", str(manual)]) == 0
+    assert "0 optimizer steps, no gradient-reset bug found" in capsys.readouterr().err
+    gan = tmp_path / "gan.py"
+    gan.write_text(textwrap.dedent('''
+        import torch
+        class Gen(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Linear(3, 4)
+            def forward(self, z):
+                return self.net(z)
+        G = Gen()
+        D = torch.nn.Sequential(torch.nn.Linear(4, 1))
+        og = torch.optim.Adam(G.parameters(), lr=1e-3)
+        od = torch.optim.Adam(D.parameters(), lr=1e-3)
+        for i in range(3):
+            fake = G(torch.randn(5, 3))
+            D(fake.detach()).mean().backward()
+            od.step()
+            od.zero_grad()
+            og.zero_grad()
+            (-D(fake)).mean().backward()  # fills D's grads: not cleared before D's step
+            og.step()
+    '''))
+    assert runner.main(["--log", "gan.jsonl", "--", str(gan)]) == 0
+    err = capsys.readouterr().err
+    assert "cross_optimizer_leak  Adam#1" in err
+    log = read_log(tmp_path / "gan.jsonl")
+    infos = [r for r in log.records if r.type == "optimizer"]
+    assert infos[0].params == ["Gen.net.weight", "Gen.net.bias"]
+    assert infos[1].params == ["Sequential.0.weight", "Sequential.0.bias"]
+    kinds = {(f.kind, f.optimizer) for f in judge([log.header, *log.records]).findings()}
+    assert kinds == {("cross_optimizer_leak", "Adam#1")}

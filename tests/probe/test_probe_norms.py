@@ -114,3 +114,28 @@ def test_gradscaler_norms_are_unscaled_and_inf_is_data(watched: Any) -> None:
     assert s2.norm == pytest.approx(ref[2], rel=1e-5)
     assert s1.skipped and (math.isnan(s1.norm) or math.isinf(s1.norm))
     assert r.findings == []
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_many_small_tensors_grouped_norms(watched: Any, bug: bool) -> None:
+    """Equal-shaped small gradients are reduced in stacked groups on CPU: same numbers."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(5, 5) for _ in range(6)], torch.nn.Linear(5, 2))
+    params = list(m.parameters())
+    opt = torch.optim.SGD(params, lr=0.01)
+    acc: list[list[float]] = []
+
+    def loop() -> None:
+        for i in range(4):
+            if not bug:
+                opt.zero_grad()
+            x = torch.randn(8, 5, generator=torch.Generator().manual_seed(i))
+            m(x).pow(2).mean().backward()
+            acc.append(_norms(params))
+            opt.step()
+
+    r = watched(opt, loop)
+    for s, want in zip(r.steps(), acc, strict=True):
+        assert s.param_norms == pytest.approx(want, rel=1e-5)
+        assert s.norm == pytest.approx(_total(want), rel=1e-5)
+    assert (r.findings != []) == bug

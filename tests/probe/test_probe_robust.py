@@ -110,7 +110,7 @@ def test_error_inside_param_hook_is_contained(tmp_path: Path,
     m, opt = _opt()
     from gradwatch.probe.tracker import Tracker
 
-    monkeypatch.setattr(Tracker, "_begin", lambda self, i: Tracker.fail(self, ValueError(
+    monkeypatch.setattr(Tracker, "_begin", lambda self, st, k: Tracker.fail(self, ValueError(
         "hook failure")))
     with gradwatch.watch(opt, log=tmp_path / "h.jsonl") as h:
         for i in range(3):
@@ -183,3 +183,35 @@ def test_streamer_gets_notified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert events[0] == "init ws://x s.jsonl rr 0 tok" and events[1] == "start"
     assert "notify" in events and events[-1] == "close"
     assert read_log(tmp_path / "s.jsonl").records[-1].dropped == 2
+
+
+def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from gradwatch.probe.writer import RecordWriter
+
+    from gradwatch.wire import Header, dump_record
+
+    gate = threading.Event()
+
+    class Slow:
+        """A record whose serialisation blocks the writer thread until the gate opens."""
+
+        seq = 0
+
+        def model_dump_json(self, **_: Any) -> str:
+            gate.wait(10)
+            return dump_record(Stats(seq=self.seq, t=0.0))
+
+    hdr = Header(seq=0, t=0.0, run="q", run_name="q", torch_version="x",
+                 gradwatch_version="x", started=0.0)
+    w = RecordWriter(hdr, tmp_path / "q.jsonl", maxsize=2)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        w.put(Slow())
+    assert time.perf_counter() - t0 < 0.5  # put never blocks the training thread
+    assert 7 <= w.dropped <= 8
+    gate.set()
+    w.close()
+    assert len(read_log(tmp_path / "q.jsonl").records) == 10 - w.dropped

@@ -248,3 +248,18 @@ def test_a_stream_dropped_without_end_reads_as_interrupted(client: TestClient) -
     ingest(client, recs[10:])
     assert client.get("/api/runs/run1").json()["status"] == "finished"
     assert client.get("/api/runs/run1").json()["steps"] == 12
+
+
+def test_several_runs_stream_at_once(client: TestClient) -> None:
+    a = synth.batches(synth.records("a", steps=50, stale_from=25), "a", size=10)
+    b = synth.batches(synth.records("b", steps=70), "b", size=10)
+    with client.websocket_connect("/ws/ingest") as wa, \
+            client.websocket_connect("/ws/ingest") as wb:
+        for i in range(max(len(a), len(b))):
+            for ws, frames in ((wa, a), (wb, b)):
+                if i < len(frames):
+                    ws.send_text(frames[i])
+                    assert ws.receive_json()["type"] == "ack"
+    runs = {r["id"]: r for r in client.get("/api/runs").json()["runs"]}
+    assert runs["a"]["steps"] == 50 and runs["b"]["steps"] == 70
+    assert runs["a"]["findings"] == 1 and runs["b"]["findings"] == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import synth
@@ -43,6 +44,15 @@ def test_resends_and_overlaps_store_each_record_once(store: Store, tmp_path: Pat
     assert f is not None and f[0].steps == 200 and f[0].first_step == 300
 
 
+def check_extremes(s: Any, norms: dict[int, float]) -> None:
+    """Every bucket keeps its own min and max norm: compared with a plain loop."""
+    n = len(norms)
+    for lo in range(0, n, s.bucket):
+        bucket = [norms[i] for i in range(lo, min(n, lo + s.bucket))]
+        kept = [x for st, x in zip(s.step, s.norm, strict=True) if lo <= st < lo + s.bucket]
+        assert max(kept) == max(bucket) and min(kept) == min(bucket), lo
+
+
 def test_survives_restart_and_resumes_judging(tmp_path: Path) -> None:
     recs = synth.records(steps=400, stale_from=100)
     s1 = Store(tmp_path)
@@ -61,6 +71,24 @@ def test_survives_restart_and_resumes_judging(tmp_path: Path) -> None:
     f = got.findings("run1")
     assert f is not None and f[0].steps == 300 and f[0].first_step == 100
     assert got.steps("run1", max_points=100_000).step == list(range(400))  # type: ignore
+    check_extremes(got.steps("run1", max_points=60), {i: recs[2 + i].norm for i in range(400)})
+
+
+def test_chunk_summaries_survive_a_restart_mid_chunk(tmp_path: Path) -> None:
+    recs = synth.records(steps=5000, end=False)
+    for i in (100, 1037, 1038, 4321):  # spikes around the restart point and later
+        recs[2 + i] = recs[2 + i].model_copy(update={"norm": 50.0 + i})
+    s1 = Store(tmp_path)
+    s1.start()
+    feed(s1, recs[:1040], size=1000)  # stops in the middle of a chunk
+    s1.close()
+    s2 = Store(tmp_path)
+    s2.start()
+    feed(s2, recs[1000:], size=700)
+    s2.close()
+    s = Reader(tmp_path).steps("run1", max_points=400)
+    assert s is not None and s.bucket >= 64 and s.total == 5000
+    check_extremes(s, {i: recs[2 + i].norm for i in range(5000)})
 
 
 def test_bad_batch_is_refused_whole(store: Store, tmp_path: Path) -> None:
@@ -110,12 +138,7 @@ def test_million_step_style_query_uses_chunk_summaries(store: Store, tmp_path: P
     took = time.perf_counter() - t
     assert s is not None and s.downsampled and s.total == n and len(s.step) <= 4000
     assert 41_234 in s.step and 7_777 in s.step and s.step == sorted(s.step)
-    # every bucket keeps its own min and max norm: compare with a plain loop
-    norms = {i: recs[2 + i].norm for i in range(n)}
-    for lo in range(0, n, s.bucket * 50):
-        bucket = [norms[i] for i in range(lo, min(n, lo + s.bucket))]
-        kept = [x for st, x in zip(s.step, s.norm, strict=True) if lo <= st < lo + s.bucket]
-        assert max(kept) == max(bucket) and min(kept) == min(bucket)
+    check_extremes(s, {i: recs[2 + i].norm for i in range(n)})
     assert took < 0.5, took
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import websockets
 
-from gradwatch.steplog import StepLogWriter
-from gradwatch.wire import End
+from gradwatch.steplog import StepLogWriter, read_log
+from gradwatch.wire import End, IngestBatch
 
 from .conftest import Page, ServerProcess, free_port
 from .dash import header, ingest, optimizer, plotted, plotted_steps, steps
@@ -71,8 +72,10 @@ async def test_live_training_steps_reach_the_charts_and_a_finding_appears_while_
          str(log), str(stop)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         await page.goto(server.url + "/")
+        # Starting torch takes a while on a busy machine; the run shows up when it does.
+        await wait_for(lambda: _has_run(server, "live-train", train), timeout=90)
         run_link = page.locator("#runs li[data-run='live-train'] a")
-        await run_link.wait_for(timeout=30_000)
+        await run_link.wait_for(timeout=10_000)
         await run_link.click()
         await page.wait_for_function("document.body.dataset.snapshot >= 1")
         # Steps keep arriving while the script trains (120 steps at ~30 ms each).
@@ -101,7 +104,12 @@ async def test_live_training_steps_reach_the_charts_and_a_finding_appears_while_
         assert rng[0] <= expected["first_step"] and rng[1] >= expected["last_step"]
         assert rng[1] - rng[0] < 120
         await page.locator("#btn-reset").click()
-        await wait_for(lambda: _count_is(page, 120))
+        whole = await wait_for(lambda: page.evaluate(
+            "(() => { const gd = document.getElementById('chart');"
+            " const n = gd.data.filter(t => t.meta && t.meta.field === 'norm')[0].x.length;"
+            " return n === 120 && gd.layout.xaxis.autorange ? gd._fullLayout.xaxis.range"
+            " : null; })()"))
+        assert whole[0] <= 0 and whole[1] >= 119
     finally:
         stop.touch()
         out, _ = await asyncio.to_thread(train.communicate, None, 90)
@@ -116,6 +124,18 @@ async def test_live_training_steps_reach_the_charts_and_a_finding_appears_while_
             assert xs == [row[0] for row in rows]
             assert ys == pytest.approx([_finite(row[col]) for row in rows])
     assert page.errors == []
+
+
+async def _has_run(server: ServerProcess, run: str, proc: subprocess.Popen[bytes]) -> bool:
+    if proc.poll() is not None:
+        out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+        raise AssertionError(f"training exited early ({proc.returncode}): {out}")
+
+    def get() -> bool:
+        with urllib.request.urlopen(f"{server.url}/api/runs") as r:
+            return any(x["id"] == run for x in json.load(r)["runs"])
+
+    return await asyncio.to_thread(get)
 
 
 async def _findings(server: ServerProcess, run: str) -> list[dict[str, Any]]:
@@ -215,8 +235,87 @@ async def test_a_replayed_log_draws_the_points_the_log_holds(
             xs, ys = got[opt]
             assert xs == [row[0] for row in rows]
             assert ys == pytest.approx([_finite(row[col]) for row in rows], nan_ok=False)
+
+    # The export buttons hand over the run as a step log, as CSV, and the chart as PNG.
+    files = {}
+    for button in ("#btn-jsonl", "#btn-csv", "#btn-png"):
+        async with page.expect_download() as info:
+            await page.locator(button).click()
+        dl = await info.value
+        files[button] = Path(await dl.path())
+    exported = read_log(files["#btn-jsonl"])
+    assert [r.step for r in exported.records if r.type == "step"] == [s.step for s in a + b]
+    csv_lines = files["#btn-csv"].read_text().splitlines()
+    assert "step" in csv_lines[0] and len(csv_lines) == 1 + 180
+    assert files["#btn-png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert page.errors == []
 
 
 def _finite(v: Any) -> float | None:
     return v if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+async def test_pause_holds_live_steps_resume_draws_them_and_log_scale_applies(
+        server: ServerProcess, page: Page) -> None:
+    run = "pausing"
+    sent = steps(90)
+    async with websockets.connect(f"{server.ws}/ws/ingest") as ws:
+        await ws.send(IngestBatch(run=run, records=[header(run, "pausing"), optimizer(),
+                                                    *sent[:30]]).model_dump_json())
+        await page.goto(f"{server.url}/?run={run}")
+        await wait_for(lambda: _count_is(page, 30))
+        await page.locator("#btn-pause").click()
+        await ws.send(IngestBatch(run=run, records=sent[30:90]).model_dump_json())
+        # The facts line shows the steps arriving, but the paused chart does not move.
+        await wait_for(lambda: _text_has(page, "#run-facts", "90"))
+        await page.wait_for_timeout(300)
+        assert await plotted_steps(page) == 30
+        await page.locator("#btn-pause").click()
+        await wait_for(lambda: _count_is(page, 90))
+        xs, ys = (await plotted(page, "norm"))["SGD#0"]
+        assert xs == list(range(90)) and ys == pytest.approx([s.norm for s in sent])
+
+        await page.locator("#chk-log").check()
+        await wait_for(lambda: page.evaluate(
+            "document.getElementById('chart')._fullLayout.yaxis.type === 'log'"))
+    # The stream closed without an End record: once the server calls the run interrupted,
+    # it is a stored run, and the step player opens.
+    await page.locator("#slider:enabled").wait_for(timeout=20_000)
+    await page.locator("#slider").fill("45")
+    assert "step 45" in await page.locator("#readout").text_content()
+    assert page.errors == []
+
+
+async def _text_has(page: Page, selector: str, text: str) -> bool:
+    return text in (await page.locator(selector).text_content() or "")
+
+
+async def test_a_long_run_is_downsampled_and_zooming_refetches_full_detail(
+        server: ServerProcess, page: Page) -> None:
+    n, missed = 20_000, (12_000, 12_050)
+    sent = steps(n, missed=missed)
+    await ingest(server.ws, "long", [header("long", "long run"), optimizer(), *sent,
+                                     End(seq=sent[-1].seq + 1, t=1_700_001_000.0, steps=n)],
+                 batch=1000)
+    await page.goto(f"{server.url}/?run=long")
+    await page.wait_for_function("document.body.dataset.snapshot >= 1")
+    xs, ys = (await plotted(page, "norm"))["SGD#0"]
+    assert 100 < len(xs) < n / 4  # downsampled server-side...
+    # ...keeping the spike of the missed reset (min/max per bucket).
+    assert max(ys) == pytest.approx(max(s.norm for s in sent if s.norm is not None))
+    assert "of 20,000 rows" in await page.locator("#sampling").text_content()
+
+    await page.locator(".finding[data-kind='missed_reset']").click()
+    # The zoom re-fetches the window from the server: every step of it, no sampling.
+    xs = await wait_for(lambda: _zoomed_steps(page))
+    assert xs == list(range(xs[0], xs[-1] + 1))
+    assert xs[0] <= missed[0] and xs[-1] >= missed[1] - 1 and len(xs) < 200
+    _, ys = (await plotted(page, "norm"))["SGD#0"]
+    assert ys == pytest.approx([s.norm for s in sent[xs[0]:xs[-1] + 1]])
+    assert page.errors == []
+
+
+async def _zoomed_steps(page: Page) -> list[int] | None:
+    traces = await plotted(page, "norm")
+    xs = traces["SGD#0"][0] if "SGD#0" in traces else []
+    return xs if xs and len(xs) < 1000 else None

@@ -7,8 +7,10 @@
  * only when the whole picture changes (snapshot, zoom re-fetch, compaction).
  */
 
-import { EVENT_ROWS, eventPoints, N_FIXED, N_ROWS, STALE_OVERLAY } from "./events.js";
+import { EVENT_ROWS, eventPoints, N_FIXED, STALE_OVERLAY } from "./events.js";
+import { applyRange, chartConfig, chartLayout, chartShapes, findingShapes } from "./layout.js";
 import { renderLegend } from "./legend.js";
+import { loadPlotly, whenPlotly } from "./loadplotly.js";
 import { drawPreview } from "./preview.js";
 import { compact } from "./series.js";
 import { plotText } from "./format.js";
@@ -23,43 +25,7 @@ const MAX_REDRAW_GAP_MS = 1000;
 const SHAPES_GAP_MS = 1000;
 
 const PALETTE = ["#5aa9ff", "#f2b84b", "#3fcf8e", "#ff7b9c", "#b58cff", "#4dd4e0", "#d4d45a", "#ff9b5a"];
-const FINDING_COLORS = {
-  missed_reset: "rgba(242,109,109,0.13)",
-  late_reset: "rgba(227,161,59,0.15)",
-  cross_optimizer_leak: "rgba(181,140,255,0.15)",
-  discarded_accumulation: "rgba(217,123,208,0.13)",
-};
 
-const plotlyReady = new Promise((resolve) => {
-  if (window.Plotly) {
-    performance.mark("gradwatch:plotly-loaded");
-    resolve(window.Plotly);
-    return;
-  }
-  const tag = document.getElementById("plotly-js");
-  const done = () => {
-    performance.mark("gradwatch:plotly-loaded");
-    resolve(window.Plotly);
-  };
-  if (tag) tag.addEventListener("load", done, { once: true });
-  // Belt and braces: the script may have loaded between the check and the listener.
-  const poll = setInterval(() => {
-    if (window.Plotly) {
-      clearInterval(poll);
-      done();
-    }
-  }, 25);
-});
-
-/** Resolves with the Plotly global once plotly.min.js has loaded. */
-export function whenPlotly() {
-  return plotlyReady;
-}
-
-function css(name, fallback) {
-  const v = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
-  return v || fallback;
-}
 
 export class MainChart {
   /**
@@ -81,21 +47,24 @@ export class MainChart {
     this.logScale = false;
     this.findingShapes = [];
     this.findingList = [];
+    this.hidden = new Set(); // trace indices the user switched off in the legend
     this.shapesTimer = 0;
     this.shapesAt = 0;
     this.preview = null;
     this.cursor = null;
     this.ready = null;
-    this.silent = 0; // relayouts we make ourselves are not user zooms
-    this.stats = { frames: 0, extends: 0, reacts: 0 };
   }
 
   /** Draw a fresh picture of `series` (Map key -> Series). */
   async load(series, range = null) {
     if (!this.ready && !window.Plotly && !this.preview) {
-      // plotly.js is still being evaluated: show the data now, interactive shortly.
+      // plotly.js is not running yet: show the data now, interactive shortly. Plotly is
+      // started once the preview has been painted (two frames later).
       this.preview = drawPreview(this.gd, series, this.findingList, PALETTE);
       performance.mark("gradwatch:first-chart");
+      requestAnimationFrame(() => requestAnimationFrame(() => loadPlotly()));
+    } else {
+      loadPlotly();
     }
     const Plotly = await whenPlotly();
     this.series = series;
@@ -117,84 +86,25 @@ export class MainChart {
       this.applyRange(layout, range);
       layout.shapes = this.shapes();
       layout.datarevision = (layout.datarevision || 0) + 1;
-      this.silent++;
-      try {
-        await Plotly.react(this.gd, data, layout, this.config());
-      } finally {
-        this.silent--;
-      }
+      await Plotly.react(this.gd, data, layout, this.config());
     }
-    this.stats.reacts++;
     this.renderLegend();
   }
 
   config() {
-    return {
-      responsive: true,
-      displaylogo: false,
-      scrollZoom: false,
-      doubleClick: "autosize",
-      modeBarButtonsToRemove: ["select2d", "lasso2d", "toImage"],
-    };
+    return chartConfig();
   }
 
   applyRange(layout, range) {
-    if (range) {
-      layout.xaxis.range = [range[0], range[1]];
-      layout.xaxis.autorange = false;
-    } else {
-      layout.xaxis.autorange = true;
-      delete layout.xaxis.range;
-    }
-    for (const ax of ["yaxis", "yaxis2"]) layout[ax].autorange = true;
+    applyRange(layout, range);
   }
 
   buildLayout(range) {
-    const text = css("--text", "#d8dee6");
-    const muted = css("--muted", "#8b96a3");
-    const grid = css("--line", "#2a323d");
-    const axis = { gridcolor: grid, zerolinecolor: grid, linecolor: grid, tickfont: { color: muted } };
-    const yType = this.logScale ? "log" : "linear";
-    const layout = {
-      // Opaque, so an exported PNG looks like the page.
-      paper_bgcolor: css("--panel", "#161b22"),
-      plot_bgcolor: css("--panel", "#161b22"),
-      font: { family: css("--font", "sans-serif"), size: 12, color: text },
-      margin: { l: 78, r: 16, t: 10, b: 40 },
-      // The legend is HTML above the chart (see renderLegend): plotly's own legend is
-      // redrawn on every extendTraces and costs a good part of each live frame.
-      showlegend: false,
-      hovermode: "x",
-      hoverlabel: { bgcolor: "#1c232c", bordercolor: grid, font: { color: text } },
-      dragmode: "zoom",
-      uirevision: "keep",
-      xaxis: { ...axis, anchor: "y3", title: { text: "optimizer step", font: { color: muted } },
-        showspikes: true, spikemode: "across", spikethickness: 1, spikecolor: muted },
-      yaxis: { ...axis, domain: [0.55, 1], type: yType, fixedrange: true, exponentformat: "power",
-        title: { text: "‖grad‖", font: { color: muted } } },
-      yaxis2: { ...axis, domain: [0.25, 0.51], type: yType, fixedrange: true, rangemode: "tozero",
-        title: { text: "drift", font: { color: muted } } },
-      yaxis3: { ...axis, domain: [0, 0.21], fixedrange: true, showgrid: false, zeroline: false,
-        range: [N_ROWS - 0.5, -0.5], tickmode: "array", tickvals: EVENT_ROWS.map((_, k) => k),
-        ticktext: EVENT_ROWS.map((r) => r[1]), tickfont: { color: muted, size: 9 } },
-      shapes: this.shapes(),
-    };
-    if (this.logScale) layout.yaxis2.rangemode = "normal";
-    this.applyRange(layout, range);
-    return layout;
+    return chartLayout(this.logScale, range, this.shapes());
   }
 
   shapes() {
-    const one = {
-      type: "line", xref: "paper", x0: 0, x1: 1, yref: "y2", y0: 1, y1: 1,
-      line: { color: "#8b96a3", width: 1, dash: "dash" }, layer: "below",
-    };
-    const out = [one, ...this.findingShapes];
-    if (this.cursor !== null) {
-      out.push({ type: "line", xref: "x", x0: this.cursor, x1: this.cursor, yref: "paper", y0: 0,
-        y1: 1, line: { color: "#d8dee6", width: 1 } });
-    }
-    return out;
+    return chartShapes(this.findingShapes, this.cursor);
   }
 
   labelText(s) {
@@ -249,6 +159,7 @@ export class MainChart {
     ];
     const out = fixed;
     this.order.forEach((key, idx) => out.push(...this.seriesTraces(this.series.get(key), idx)));
+    for (const i of this.hidden) if (out[i]) out[i].visible = false;
     return out;
   }
 
@@ -335,7 +246,6 @@ export class MainChart {
         idx.push(k);
       }
     });
-    this.stats.frames++;
     if (tooBig) {
       // Re-downsample everything and redraw once, instead of letting traces grow forever.
       for (const s of this.series.values()) compact(s, LIVE_CAP / 2);
@@ -343,10 +253,7 @@ export class MainChart {
       return;
     }
     if (idx.length) {
-      this.stats.extends++;
-      this.silent++;
       Plotly.extendTraces(this.gd, { x: xs, y: ys }, idx);
-      this.silent--;
     }
   }
 
@@ -359,16 +266,11 @@ export class MainChart {
     this.logScale = on;
     const Plotly = await whenPlotly();
     await this.ready;
-    this.silent++;
-    try {
-      await Plotly.relayout(this.gd, {
-        "yaxis.type": on ? "log" : "linear", "yaxis.autorange": true,
-        "yaxis2.type": on ? "log" : "linear", "yaxis2.autorange": true,
-        "yaxis2.rangemode": on ? "normal" : "tozero",
-      });
-    } finally {
-      this.silent--;
-    }
+    await Plotly.relayout(this.gd, {
+      "yaxis.type": on ? "log" : "linear", "yaxis.autorange": true,
+      "yaxis2.type": on ? "log" : "linear", "yaxis2.autorange": true,
+      "yaxis2.rangemode": on ? "normal" : "tozero",
+    });
   }
 
   /** Zoom the step axis (fires the same path as a user zoom: follow off, re-fetch). */
@@ -384,9 +286,14 @@ export class MainChart {
     return [Number(ax.range[0]), Number(ax.range[1])];
   }
 
+  /**
+   * A relayout that moved the step axis: a user zoom, pan or double-click, or zoomTo().
+   * Our own relayouts (shapes, log scale) and resizes ({autosize: true}) carry no x-axis
+   * keys, react() and extendTraces() emit none, so no bookkeeping is needed to tell them
+   * apart.
+   */
   onRelayout(ev) {
-    if (this.silent) return;
-    if (ev["xaxis.autorange"] === true || ev.autosize) {
+    if (ev["xaxis.autorange"] === true) {
       this.hooks.onRange(null, true);
     } else if ("xaxis.range[0]" in ev || "xaxis.range" in ev) {
       const r = ev["xaxis.range"] || [ev["xaxis.range[0]"], ev["xaxis.range[1]"]];
@@ -398,11 +305,7 @@ export class MainChart {
    * change with almost every batch while a bug goes on. */
   setFindings(findings) {
     this.findingList = findings;
-    const shapes = findings.map((f) => ({
-      type: "rect", xref: "x", yref: "paper", x0: f.first_step - 0.5, x1: f.last_step + 0.5,
-      y0: 0.23, y1: 1, fillcolor: FINDING_COLORS[f.kind] || "rgba(242,109,109,0.12)",
-      line: { width: 0 }, layer: "below",
-    }));
+    const shapes = findingShapes(findings);
     if (JSON.stringify(shapes) === JSON.stringify(this.findingShapes)) return;
     this.findingShapes = shapes;
     if (this.shapesTimer) return;
@@ -423,12 +326,7 @@ export class MainChart {
     if (!this.ready) return;
     const Plotly = await whenPlotly();
     await this.ready;
-    this.silent++;
-    try {
-      await Plotly.relayout(this.gd, { shapes: this.shapes() });
-    } finally {
-      this.silent--;
-    }
+    await Plotly.relayout(this.gd, { shapes: this.shapes() });
   }
 
   async downloadPng(filename) {

@@ -11,6 +11,7 @@ export const EVENT_ROWS = [
   ["stale", "stale", "#f26d6d", "stale or leaked gradients read"],
   ["late", "late reset", "#e3a13b", "fresh gradient reset before step"],
   ["discarded", "discarded", "#d97bd0", "backward discarded unused"],
+  ["skipped", "skipped", "#8b96a3", "step skipped (GradScaler found inf/NaN)"],
   ["optimizer_zero_grad", "opt.zero_grad", "#5aa9ff", "reset: optimizer.zero_grad()"],
   ["module_zero_grad", "mod.zero_grad", "#3fb950", "reset: module.zero_grad()"],
   ["set_none", "grad=None", "#8b96a3", "reset: p.grad = None"],

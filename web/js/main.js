@@ -4,6 +4,7 @@
  */
 
 import { pageUrl } from "./api.js";
+import { loadPlotly } from "./loadplotly.js";
 import { setText } from "./format.js";
 import { RunList } from "./runs.js";
 import { RunView } from "./runview.js";
@@ -63,6 +64,7 @@ function open(runId) {
   sockets.run = { state: "open" };
   runList.setCurrent(runId);
   if (!runId) {
+    loadPlotly();
     $("run").hidden = true;
     $("welcome").hidden = false;
     setText("crumb", "");

@@ -8,7 +8,7 @@
 
 import { fetchParams } from "./api.js";
 import { el, fmt, plotText, plottable } from "./format.js";
-import { whenPlotly } from "./charts.js";
+import { whenPlotly } from "./loadplotly.js";
 
 const HEAT_STEPS = 400;
 const HOT_DRIFT = 1.5;
@@ -125,13 +125,17 @@ export class ParamsView {
     this.renderTable();
     const Plotly = await whenPlotly();
     const names = d.params.map((n) => plotText(n));
+    // Drift 1.0 (healthy) is dark; above it warms to orange and red, below (a reset that
+    // threw the fresh gradient away) turns blue.
+    const zmax = metric === "drift" ? Math.max(2, percentile(z.flat(), 0.98)) : undefined;
     const trace = {
       type: "heatmap", x: d.step, y: names.map((_, i) => i), z, text: names.map((n) => d.step.map(() => n)),
       colorscale: metric === "drift"
-        ? [[0, "#1b2a3a"], [0.15, "#2f5f8f"], [0.4, "#e3a13b"], [1, "#f26d6d"]]
+        ? [[0, "#3d7cc9"], [1 / zmax, "#1b2430"], [Math.min(0.999, 1.5 / zmax), "#e3a13b"], [1, "#f26d6d"]]
         : "Viridis",
       zmin: metric === "drift" ? 0 : undefined,
-      zmax: metric === "drift" ? Math.max(2, ...this.rows.map((r) => r.drift || 0)) : undefined,
+      // The 98th percentile, not the max: one extreme step would wash out everything else.
+      zmax,
       hovertemplate: "%{text}<br>step %{x}<br>" + (metric === "drift" ? "drift" : `log10 ${metric}`) +
         " %{z:.3g}<extra></extra>",
       colorbar: { thickness: 10, tickfont: { color: "#8b96a3", size: 10 }, outlinewidth: 0 },
@@ -142,8 +146,8 @@ export class ParamsView {
       paper_bgcolor: "#161b22", plot_bgcolor: "#161b22",
       font: { color: "#d8dee6", size: 11 },
       margin: { l: showNames ? 150 : 40, r: 10, t: 8, b: 32 },
-      xaxis: { gridcolor: "#2a323d", tickfont: { color: "#8b96a3" } },
-      yaxis: { autorange: "reversed", tickfont: { color: "#8b96a3", size: 10 },
+      xaxis: { gridcolor: "#2a323d", tickfont: { color: "#8b96a3" }, zeroline: false },
+      yaxis: { autorange: "reversed", zeroline: false, showgrid: false, tickfont: { color: "#8b96a3", size: 10 },
         tickvals: showNames ? names.map((_, i) => i) : undefined,
         ticktext: showNames ? d.params.map((n) => plotText(truncate(n, 24))) : undefined,
         showticklabels: showNames, title: showNames ? undefined : { text: "parameter" } },
@@ -213,6 +217,11 @@ function fillSelect(sel, items, keep) {
   sel.replaceChildren(...items.map(([value, label]) => el("option", { value }, label)));
   if (items.some(([v]) => v === current)) sel.value = current;
   sel.hidden = items.length <= 1 && sel.id === "sel-rank";
+}
+
+function percentile(values, q) {
+  const v = values.filter((x) => x !== null && Number.isFinite(x)).sort((a, b) => a - b);
+  return v.length ? v[Math.min(v.length - 1, Math.floor(q * v.length))] : 0;
 }
 
 function lastFinite(arr) {

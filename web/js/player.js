@@ -25,11 +25,17 @@ export class Player {
     this.play.addEventListener("click", () => this.toggle());
   }
 
-  /** Show (stored run) or hide (live run) the player, over steps [min, max]. */
-  setup(visible, min = 0, max = 0) {
-    this.root.hidden = !visible;
-    if (!visible) {
+  /**
+   * Enable the player over steps [min, max] (a stored run), or disable it (a live run).
+   * It stays in place either way, so the page does not jump when a run ends.
+   */
+  setup(enabled, min = 0, max = 0) {
+    this.root.hidden = false;
+    for (const c of [this.play, this.speed, this.slider]) c.disabled = !enabled;
+    this.root.classList.toggle("off", !enabled);
+    if (!enabled) {
       this.stop();
+      this.readout.textContent = "step player: opens when the run ends";
       return;
     }
     const fresh = Number(this.slider.max) !== max || Number(this.slider.min) !== min;

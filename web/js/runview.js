@@ -6,10 +6,11 @@
 import { downloadExport, fetchSteps } from "./api.js";
 import { MainChart } from "./charts.js";
 import { FindingsPanel } from "./findings.js";
-import { count, duration, el, fmt, setText, when } from "./format.js";
+import { count, fmt, setText } from "./format.js";
 import { ParamsView } from "./params.js";
 import { Player } from "./player.js";
 import { ingest } from "./series.js";
+import { renderSummary, showToast } from "./summary.js";
 import { LiveSocket } from "./socket.js";
 
 const $ = (id) => document.getElementById(id);
@@ -96,6 +97,7 @@ export class RunView {
   // ---- socket frames -------------------------------------------------------------------
 
   async onSnapshot(f) {
+    performance.mark("gradwatch:snapshot");
     this.setSummary(f.run);
     this.optimizers = f.optimizers || [];
     this.params.setRun(this.runId, this.optimizers, f.run && f.run.ranks);
@@ -126,6 +128,7 @@ export class RunView {
     if (!view) return;
     this.optimizers = [...this.optimizers.filter((o) => !(o.opt === view.opt && o.rank === view.rank)), view];
     this.params.setRun(this.runId, this.optimizers, this.summary && this.summary.ranks);
+    if (!this.params.data) this.params.refresh();
   }
 
   setFindings(findings) {
@@ -138,36 +141,12 @@ export class RunView {
     if (!run) return;
     const wasLive = this.live;
     this.summary = run;
-    setText("run-name", run.name || run.id);
-    $("run-name").title = run.id;
-    setText("crumb", run.name || run.id);
-    const badge = $("run-status");
-    setText(badge, run.status);
-    badge.dataset.status = run.status;
-    const facts = [
-      ["steps", count(run.steps)],
-      ["findings", count(run.findings)],
-      ["optimizers", (run.optimizers || []).join(", ") || "–"],
-      ["ranks", (run.ranks || [0]).length],
-      ["started", when(run.started)],
-      ["duration", duration((run.updated || run.started) - run.started)],
-      ["torch", run.torch_version || "–"],
-    ];
-    // Built once, then only changed values are written: this runs several times a second.
-    const box = $("run-facts");
-    if (box.children.length !== facts.length) {
-      box.replaceChildren(...facts.map(([k]) => {
-        const d = el("div");
-        d.append(el("dt", {}, k), el("dd"));
-        return d;
-      }));
+    renderSummary(run);
+    if (wasLive && !this.live) {
+      // The run ended: its last steps are in; show the player and final parameter view.
+      this.updatePlayer();
+      this.params.refresh();
     }
-    facts.forEach(([, v], i) => setText(box.children[i].lastChild, v));
-    const dropped = $("run-dropped");
-    dropped.hidden = !run.dropped;
-    setText(dropped, run.dropped ? `⚠ probe dropped ${count(run.dropped)} records` : "");
-    dropped.title = "The probe's queue was full and it had no spool: these records are lost.";
-    if (wasLive && !this.live) this.updatePlayer();
     $("btn-follow").disabled = !this.live;
     if (!this.live) this.setFollowButton(false);
   }
@@ -352,16 +331,6 @@ function rowsOf(s, from) {
     rank: new Array(n).fill(s.rank), opt: new Array(n).fill(s.opt), step: s.step.slice(from),
     norm: s.norm.slice(from), fresh_norm: s.fresh.slice(from), drift: s.drift.slice(from),
     stale: s.stale.slice(from), leaked: s.leaked.slice(from), late: s.late.slice(from),
-    discarded: s.discarded.slice(from), resets: s.resets.slice(from),
+    discarded: s.discarded.slice(from), skipped: s.skipped.slice(from), resets: s.resets.slice(from),
   };
-}
-
-let toastTimer = 0;
-/** A short message in the corner (export failures, server errors). */
-export function showToast(text) {
-  const t = $("toast");
-  setText(t, text);
-  t.hidden = false;
-  clearTimeout(toastTimer);
-  toastTimer = setTimeout(() => { t.hidden = true; }, 6000);
 }

@@ -10,7 +10,9 @@
 
 import { plottable } from "./format.js";
 
-const COLUMNS = ["step", "norm", "fresh", "drift", "stale", "leaked", "late", "discarded", "resets"];
+const COLUMNS = [
+  "step", "norm", "fresh", "drift", "stale", "leaked", "late", "discarded", "skipped", "resets",
+];
 
 /** One (rank, optimizer) series: parallel arrays, one element per plotted step row. */
 export class Series {
@@ -45,7 +47,8 @@ export class Series {
 
   /** True when row i carries something the charts must keep visible. */
   flagged(i) {
-    return this.stale[i] > 0 || this.leaked[i] > 0 || this.late[i] > 0 || this.discarded[i] > 0;
+    return this.stale[i] > 0 || this.leaked[i] > 0 || this.late[i] > 0 || this.discarded[i] > 0 ||
+      this.skipped[i];
   }
 }
 
@@ -88,6 +91,7 @@ export function ingest(ss, into) {
     s.leaked.push(ss.leaked ? ss.leaked[i] : 0);
     s.late.push(ss.late ? ss.late[i] : 0);
     s.discarded.push(ss.discarded ? ss.discarded[i] : 0);
+    s.skipped.push(ss.skipped ? !!ss.skipped[i] : false);
     s.resets.push(ss.resets ? ss.resets[i] || [] : []);
   }
   return { added, created };
