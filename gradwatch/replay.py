@@ -10,7 +10,6 @@ Exit codes: 0 sent, 1 the server did not take it all, 2 bad arguments or invalid
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import secrets
 import sys
@@ -47,25 +46,10 @@ def _parser() -> _Parser:
 
 
 def streamer_module() -> Any:
-    """``gradwatch.probe.stream`` without importing torch.
+    """``gradwatch.probe.stream``; it imports neither torch nor the rest of the probe."""
+    from gradwatch.probe import stream
 
-    The probe package imports torch when imported; its streamer module does not, and
-    replay (a torch-free tool) needs only the streamer, so its file is loaded on its own
-    (saving the seconds a torch import takes, and working where torch is missing).
-    """
-    loaded = sys.modules.get("gradwatch.probe.stream")
-    if loaded is not None:
-        return loaded
-    spec = importlib.util.find_spec("gradwatch.probe")  # finds, does not import, it
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("gradwatch.probe is not installed")
-    path = Path(list(spec.submodule_search_locations)[0]) / "stream.py"
-    sspec = importlib.util.spec_from_file_location("gradwatch_replay_stream", path)
-    if sspec is None or sspec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(sspec)
-    sspec.loader.exec_module(module)
-    return module
+    return stream
 
 
 def new_run_id(run: str) -> str:

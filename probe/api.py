@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from gradwatch import __version__
 from gradwatch.probe import context, names, patches
 from gradwatch.probe.tracker import Tracker
 from gradwatch.probe.writer import RecordWriter
-
-from gradwatch import __version__
 from gradwatch.wire import End, Finding, Header, Stats
 
 log = logging.getLogger("gradwatch.probe")

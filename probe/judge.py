@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 from gradwatch.probe import norms as _norms
 from gradwatch.probe.state import OptState, StepAcc
-
 from gradwatch.wire import Reset, Step
 
 if TYPE_CHECKING:

@@ -103,16 +103,14 @@ class NormSample:
     norms: torch.Tensor
     fresh: torch.Tensor
     unknown: list[int]
-    totals: torch.Tensor | None = None
-    """``[norm, fresh_norm]`` of all parameters together (computed on the device)."""
 
     def host(self) -> tuple[list[float | None], list[float | None], float, float | None]:
         """``(norms, fresh_norms, norm, fresh_norm)`` on the host; ``None`` where unknown."""
         nv = self.norms.tolist()
-        fv = nv if self.fresh is self.norms else self.fresh.tolist()
-        total, fresh_total = (self.totals.tolist() if self.totals is not None
-                              else (0.0, 0.0))
-        ft = None if self.unknown else fresh_total
+        same = self.fresh is self.norms
+        fv = nv if same else self.fresh.tolist()
+        total = _total(nv)
+        ft = None if self.unknown else (total if same else _total(fv))
         if len(self.ks) == self.n_params and not self.unknown:
             return nv, fv, total, ft
         per: list[float | None] = [None] * self.n_params
@@ -123,6 +121,11 @@ class NormSample:
         for j in self.unknown:
             fresh[self.ks[j]] = None
         return per, fresh, total, ft
+
+
+def _total(xs: list[float]) -> float:
+    """Norm of all parameters together, on the host (NaN and Inf propagate)."""
+    return float(sum(x * x for x in xs)) ** 0.5
 
 
 def sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
@@ -157,8 +160,7 @@ def sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
         if scale is not None:
             norms = norms / scale.to(norms.device)
         if not zero and not mixed:
-            total = torch.linalg.vector_norm(norms)
-            return NormSample(len(grads), ks, norms, norms, [], torch.stack([total, total]))
+            return NormSample(len(grads), ks, norms, norms, [])
         pos = {k: j for j, k in enumerate(ks)}
         fresh = norms.clone()
         if zero:
@@ -180,8 +182,7 @@ def sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
             if scale is not None:
                 dn = dn / scale.to(dn.device)
             fresh[[e[0] for e in exact]] = dn.to(fresh.device, fresh.dtype)
-    totals = torch.stack([torch.linalg.vector_norm(norms), torch.linalg.vector_norm(fresh)])
-    return NormSample(len(grads), ks, norms, fresh, unknown, totals)
+    return NormSample(len(grads), ks, norms, fresh, unknown)
 
 
 def snapshot(grads: list[torch.Tensor | None]) -> list[Any]:

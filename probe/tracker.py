@@ -18,11 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
+
 from gradwatch.probe import judge
 from gradwatch.probe.names import positional
 from gradwatch.probe.state import OptState, PreCheck
-from torch.utils.hooks import RemovableHandle
-
 from gradwatch.wire import OptimizerInfo
 
 log = logging.getLogger("gradwatch.probe")

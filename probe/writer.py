@@ -17,9 +17,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from gradwatch.probe.judge import PendingStep
-
 from gradwatch.analysis import Judge
+from gradwatch.probe.judge import PendingStep
 from gradwatch.steplog import StepLogWriter
 from gradwatch.wire import Finding, Header, Stats, dump_record
 

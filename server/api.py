@@ -11,11 +11,11 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from gradwatch.server.service import Service
-from gradwatch.server.storage import IngestError
 from pydantic import BaseModel
 
 from gradwatch.frames import ParamSeries, RunSummary, StepSeries, json_schema
+from gradwatch.server.service import Service
+from gradwatch.server.storage import IngestError
 from gradwatch.steplog import StepLogError, read_log
 from gradwatch.wire import Finding
 

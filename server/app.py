@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+
+from gradwatch import __version__
 from gradwatch.server import api, web, ws
 from gradwatch.server.security import TokenMiddleware
 from gradwatch.server.service import Service
 from gradwatch.server.settings import Settings
-
-from gradwatch import __version__
 
 log = logging.getLogger(__name__)
 

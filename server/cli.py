@@ -97,7 +97,6 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
 def import_logs(settings: Settings, paths: Sequence[str]) -> int:
     """Store step logs as runs; 0, or 2 after printing why a log is invalid."""
     from gradwatch.server.storage import IngestError, Store
-
     from gradwatch.steplog import StepLogError, read_log
 
     logs = []
@@ -133,6 +132,7 @@ def main(argv: Sequence[str]) -> int:
         if rc or a.import_only:
             return rc
     import uvicorn
+
     from gradwatch.server.app import create_app
 
     host = f"[{settings.host}]" if ":" in settings.host else settings.host

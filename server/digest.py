@@ -16,10 +16,9 @@ import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from gradwatch.frames import Hello
 from gradwatch.server.ingest import FrameError, parse_frame
 from gradwatch.server.series import Row, row_from_step
-
-from gradwatch.frames import Hello
 from gradwatch.wire import IngestBatch, Step
 
 

@@ -16,8 +16,6 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from gradwatch.server.series import Row, downsample, to_series
-
 from gradwatch.frames import (
     DeletedFrame,
     FindingsFrame,
@@ -27,6 +25,7 @@ from gradwatch.frames import (
     RunSummary,
     StepsFrame,
 )
+from gradwatch.server.series import Row, downsample, to_series
 from gradwatch.wire import Finding
 
 log = logging.getLogger(__name__)

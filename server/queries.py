@@ -15,12 +15,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from gradwatch.frames import OptimizerView, ParamSeries, RunSummary, StepSeries
 from gradwatch.server import db
 from gradwatch.server.downsample import param_steps, series_rows
 from gradwatch.server.series import Row, to_series
 from gradwatch.server.writes import STEP_SELECT, to_row
-
-from gradwatch.frames import OptimizerView, ParamSeries, RunSummary, StepSeries
 from gradwatch.wire import Finding
 
 _SUMMARY = ("SELECT id, name, status, started, updated, steps, findings, ranks, optimizers, "

@@ -12,10 +12,9 @@ import json
 import sqlite3
 from dataclasses import dataclass, field
 
-from gradwatch.server.series import Row
-
 from gradwatch.analysis import Judge
 from gradwatch.frames import RunStatus, RunSummary
+from gradwatch.server.series import Row
 from gradwatch.wire import Header, parse_record
 
 

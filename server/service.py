@@ -14,14 +14,13 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any
 
+from gradwatch.frames import Hello
 from gradwatch.server.digest import exit_with_parent, parse_to_digest
 from gradwatch.server.fanout import Hub
 from gradwatch.server.ingest import StreamTracker
 from gradwatch.server.queries import Reader
 from gradwatch.server.settings import Settings
 from gradwatch.server.storage import IngestResult, Store
-
-from gradwatch.frames import Hello
 from gradwatch.wire import Header
 
 log = logging.getLogger(__name__)

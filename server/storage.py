@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gradwatch.frames import OptimizerView, RunSummary
 from gradwatch.server import db
 from gradwatch.server.digest import Digest, digest, digest_records
 from gradwatch.server.runstate import RunState, load_state, new_state
 from gradwatch.server.series import Row
 from gradwatch.server.writes import write_records
-
-from gradwatch.frames import OptimizerView, RunSummary
 from gradwatch.wire import Finding, Header, IngestBatch, parse_record
 
 log = logging.getLogger(__name__)

@@ -14,12 +14,11 @@ import sqlite3
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from gradwatch.frames import OptimizerView
 from gradwatch.server import db
 from gradwatch.server.digest import Item
 from gradwatch.server.runstate import RunState
 from gradwatch.server.series import Row, is_flagged, reset_sig
-
-from gradwatch.frames import OptimizerView
 from gradwatch.wire import End, Header, OptimizerInfo, Stats, parse_record
 
 if TYPE_CHECKING:
@@ -190,12 +189,12 @@ def read_rows(conn: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int,
 def chunk_summary(rows: list[Row]) -> tuple[Any, ...]:
     """The ``step_agg`` columns (after the key) of one chunk's rows."""
     out: list[Any] = [len(rows)]
-    for i in (4, 6):  # norm, drift
-        vals = [r for r in rows if r[i] is not None and math.isfinite(r[i])]
-        if vals:
-            lo = min(vals, key=lambda r: r[i])  # noqa: B023 - used right here
-            hi = max(vals, key=lambda r: r[i])  # noqa: B023
-            out += [lo[i], lo.step, hi[i], hi.step]
+    for vals in ([(r.norm, r.step) for r in rows if r.norm is not None],
+                 [(r.drift, r.step) for r in rows if r.drift is not None]):
+        finite = [v for v in vals if math.isfinite(v[0])]
+        if finite:
+            lo, hi = min(finite), max(finite)  # ties: the earliest/latest step
+            out += [lo[0], lo[1], hi[0], hi[1]]
         else:
             out += [None, None, None, None]
     flag = next((r.step for r in rows if is_flagged(r)), None)

@@ -7,12 +7,15 @@ Thin: they check the handshake, then hand frames to :mod:`server.ingest` and
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
 import contextlib
 import logging
 import sys
 from typing import Any
 
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
+
+from gradwatch.frames import Ack, Hello, Resume, RunsFrame, SnapshotFrame
 from gradwatch.server.fanout import Client
 from gradwatch.server.ingest import (
     CLOSE_NO_RUN,
@@ -27,8 +30,6 @@ from gradwatch.server.ingest import (
 from gradwatch.server.security import origin_ok, token_ok
 from gradwatch.server.service import Service
 from gradwatch.server.storage import IngestError, StoreBusy
-
-from gradwatch.frames import Ack, Hello, Resume, RunsFrame, SnapshotFrame
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -110,6 +111,7 @@ class _IngestSession:
                 kind, frame = await self.svc.parse(text)
                 if kind == "error":
                     raise FrameError(*frame)
+                job: cf.Future[Any]
                 try:
                     if kind == "hello":
                         job = self.svc.store.submit(self.svc.store.resume_seq, frame.run,

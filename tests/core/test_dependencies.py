@@ -54,3 +54,15 @@ def test_check_runs_without_torch(tmp_path: Path) -> None:
     """)
     assert r.returncode == 1, r.stderr
     assert "missed_reset" in r.stdout
+
+
+def test_replay_and_the_streamer_load_without_torch() -> None:
+    r = run_without({"torch"}, """
+        from gradwatch.cli import main
+        import gradwatch.replay
+        assert gradwatch.replay.streamer_module().Streamer
+        assert "torch" not in sys.modules
+        raise SystemExit(main(["replay", "--help"]))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "replay" in r.stdout

@@ -64,6 +64,20 @@ class ServerProc:
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read())
 
+    def children(self) -> list[int]:
+        """Pids of the server's child processes (its frame parsers)."""
+        if self.proc is None:
+            return []
+        out = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == self.proc.pid:
+                out.append(int(stat.parent.name))
+        return out
+
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)

@@ -87,8 +87,11 @@ def test_kill9_mid_run_and_restart_loses_and_duplicates_nothing(tmp_path: Path) 
     model, opt = make_model()
     down: list[float] = []
 
+    orphans: list[int] = []
+
     def chaos(i: int) -> None:
         if i == 300:
+            orphans.extend(srv.children())
             srv.kill9()
         if i == 700:
             srv.start()
@@ -110,6 +113,12 @@ def test_kill9_mid_run_and_restart_loses_and_duplicates_nothing(tmp_path: Path) 
         # the loop did not wait on the dead server
         assert statistics.median(down) < 3 * statistics.median(up) + 0.002
         assert max(down) < 0.5
+        # the killed server's parser process followed it (it checks every second)
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{p}").exists() for p in orphans):
+            assert time.monotonic() < deadline, orphans
+            time.sleep(0.1)
+        assert orphans
     finally:
         srv.stop()
 
@@ -178,8 +187,8 @@ def stuck_client(port: int, path: str) -> socket.socket:
 
 def test_a_stuck_live_client_never_stalls_ingest_or_other_clients(tmp_path: Path) -> None:
     import synth
-    from gradwatch.probe.stream import Streamer
 
+    from gradwatch.probe.stream import Streamer
     from gradwatch.steplog import StepLogWriter
 
     n = 50_000  # ~6 MB of live frames: more than the kernel buffers of a socket hold
@@ -219,8 +228,8 @@ def test_a_stuck_live_client_never_stalls_ingest_or_other_clients(tmp_path: Path
 
 def test_a_flush_per_step_stays_under_the_rate_limit(tmp_path: Path) -> None:
     import synth
-    from gradwatch.probe.stream import Streamer
 
+    from gradwatch.probe.stream import Streamer
     from gradwatch.steplog import StepLogWriter
 
     recs = synth.records("trickle", steps=3000)

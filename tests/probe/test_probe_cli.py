@@ -161,9 +161,8 @@ def test_crash_mid_run_leaves_complete_lines(tmp_path: Path) -> None:
 def test_run_in_process_manual_sgd_and_gan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Manual SGD (no optimizer) stays clean; a GAN script gets names and the leak found."""
-    from gradwatch.probe import runner
-
     from gradwatch.analysis import judge
+    from gradwatch.probe import runner
 
     monkeypatch.chdir(tmp_path)
     manual = tmp_path / "manual.py"

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import torch
-from gradwatch.probe import judge as probe_judge
 
 import gradwatch
+from gradwatch.probe import judge as probe_judge
 from gradwatch.steplog import read_log
 from gradwatch.wire import Stats, Step
 from tests.probe.probe_helpers import loss_of, mlp
@@ -190,7 +190,6 @@ def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
     import time
 
     from gradwatch.probe.writer import RecordWriter
-
     from gradwatch.wire import Header, dump_record
 
     gate = threading.Event()

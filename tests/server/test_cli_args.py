@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
+
 from gradwatch.server.cli import settings_from_args
 from gradwatch.server.settings import is_loopback
 

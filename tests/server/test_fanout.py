@@ -6,10 +6,10 @@ import asyncio
 import json
 
 import synth
-from gradwatch.server.fanout import Hub
-from gradwatch.server.series import row_from_step
 
 from gradwatch.frames import RunSummary
+from gradwatch.server.fanout import Hub
+from gradwatch.server.series import row_from_step
 
 
 def rows(lo: int, hi: int) -> list:

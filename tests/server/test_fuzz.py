@@ -9,10 +9,11 @@ from typing import Any
 
 import synth
 from fastapi.testclient import TestClient
-from gradwatch.server import Settings, create_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.websockets import WebSocketDisconnect
+
+from gradwatch.server import Settings, create_app
 
 BASE = json.loads(synth.batches(synth.records(steps=3, end=False), size=100)[0])
 json_values = st.recursive(

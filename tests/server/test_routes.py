@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import synth
 from fastapi.testclient import TestClient
-from gradwatch.server import Settings, create_app
 from starlette.websockets import WebSocketDisconnect
 
 from gradwatch.analysis import judge
 from gradwatch.frames import Hello
+from gradwatch.server import Settings, create_app
 from gradwatch.steplog import read_log
 from gradwatch.wire import IngestBatch
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import synth
+
 from gradwatch.server.queries import Reader
 from gradwatch.server.storage import IngestError, Store
-
 from gradwatch.wire import IngestBatch
 
 
