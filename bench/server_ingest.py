@@ -31,11 +31,10 @@ from typing import Any
 from websockets.asyncio.client import connect as aconnect
 from websockets.sync.client import connect
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "e2e"))
-from serverproc import ServerProc  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gradwatch.frames import Ack  # noqa: E402
 from gradwatch.wire import End, Header, IngestBatch, OptimizerInfo, Reset, Step  # noqa: E402
+from tests.serverproc import ServerProc  # noqa: E402
 
 NPARAMS = 8
 

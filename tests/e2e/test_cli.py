@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import synth
-from serverproc import ServerProc
+
+from tests.serverproc import ServerProc
 
 
 def gw(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 from live import LiveCollector
-from serverproc import ServerProc, free_port
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
+
+from tests.serverproc import ServerProc, free_port
 
 torch = pytest.importorskip("torch")
 import gradwatch  # noqa: E402

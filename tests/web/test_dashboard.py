@@ -17,8 +17,9 @@ import websockets
 
 from gradwatch.steplog import StepLogWriter, read_log
 from gradwatch.wire import End, IngestBatch
+from tests.serverproc import ServerProc
 
-from .conftest import Page, ServerProcess, free_port
+from .conftest import Page
 from .dash import header, ingest, optimizer, plotted, plotted_steps, steps
 
 pytestmark = pytest.mark.browser
@@ -37,7 +38,7 @@ async def wait_for(pred, timeout: float = 15.0, every: float = 0.1):  # type: ig
 
 
 async def test_a_run_named_like_html_shows_as_text_and_runs_no_script(
-        server: ServerProcess, page: Page) -> None:
+        server: ServerProc, page: Page) -> None:
     name = "<img src=x onerror=alert(1)>"
     evil_param = "<img src=y onerror=alert(2)>"
     opt = optimizer()
@@ -46,7 +47,7 @@ async def test_a_run_named_like_html_shows_as_text_and_runs_no_script(
     recs.append(End(seq=recs[-1].seq + 1, t=1_700_000_100.0, steps=30))
     await ingest(server.ws, "xss", recs)
 
-    await page.goto(server.url + "/")
+    await page.goto(server.http + "/")
     item = page.locator("#runs .name")
     await item.wait_for()
     assert await item.text_content() == name
@@ -65,13 +66,13 @@ async def test_a_run_named_like_html_shows_as_text_and_runs_no_script(
 
 
 async def test_live_training_steps_reach_the_charts_and_a_finding_appears_while_it_runs(
-        server: ServerProcess, page: Page, tmp_path: Path) -> None:
+        server: ServerProc, page: Page, tmp_path: Path) -> None:
     log, stop = tmp_path / "train.jsonl", tmp_path / "stop"
     train = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("train_script.py")), server.ws,
          str(log), str(stop)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        await page.goto(server.url + "/")
+        await page.goto(server.http + "/")
         # Starting torch takes a while on a busy machine; the run shows up when it does.
         await wait_for(lambda: _has_run(server, "live-train", train), timeout=90)
         run_link = page.locator("#runs li[data-run='live-train'] a")
@@ -126,21 +127,21 @@ async def test_live_training_steps_reach_the_charts_and_a_finding_appears_while_
     assert page.errors == []
 
 
-async def _has_run(server: ServerProcess, run: str, proc: subprocess.Popen[bytes]) -> bool:
+async def _has_run(server: ServerProc, run: str, proc: subprocess.Popen[bytes]) -> bool:
     if proc.poll() is not None:
         out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
         raise AssertionError(f"training exited early ({proc.returncode}): {out}")
 
     def get() -> bool:
-        with urllib.request.urlopen(f"{server.url}/api/runs") as r:
+        with urllib.request.urlopen(f"{server.http}/api/runs") as r:
             return any(x["id"] == run for x in json.load(r)["runs"])
 
     return await asyncio.to_thread(get)
 
 
-async def _findings(server: ServerProcess, run: str) -> list[dict[str, Any]]:
+async def _findings(server: ServerProc, run: str) -> list[dict[str, Any]]:
     def get() -> list[dict[str, Any]]:
-        with urllib.request.urlopen(f"{server.url}/api/runs/{run}/findings") as r:
+        with urllib.request.urlopen(f"{server.http}/api/runs/{run}/findings") as r:
             return list(json.load(r)["findings"])
 
     return await asyncio.to_thread(get)
@@ -151,11 +152,11 @@ async def _count_is(page: Page, n: int) -> bool:
 
 
 async def test_the_page_recovers_after_the_server_restarts(
-        server: ServerProcess, page: Page) -> None:
+        server: ServerProc, page: Page) -> None:
     run = "restart"
     first = steps(50)
     await ingest(server.ws, run, [header(run, "restart"), optimizer(), *first])
-    await page.goto(f"{server.url}/?run={run}")
+    await page.goto(f"{server.http}/?run={run}")
     await wait_for(lambda: _count_is(page, 50))
 
     server.stop()
@@ -188,13 +189,12 @@ def _log_rows(path: str) -> dict[str, list[tuple[int, float | None, float | None
 async def test_a_token_in_the_page_url_is_kept_for_every_request(
         tmp_path: Path, page: Page) -> None:
     token = "s3cret-token"
-    srv = ServerProcess(tmp_path / "data", free_port(), tmp_path / "server.log",
-                        extra=("--token", token))
+    srv = ServerProc(tmp_path / "data", None, "--token", token)
     srv.start()
     try:
         recs = [header("tok", "token run"), optimizer(), *steps(20)]
         await ingest(f"{srv.ws}", "tok", recs, token=token)
-        await page.goto(f"{srv.url}/?token={token}&run=tok")
+        await page.goto(f"{srv.http}/?token={token}&run=tok")
         await wait_for(lambda: _count_is(page, 20))
         await page.locator("#params-body tr").first.wait_for()
         assert await page.locator("#conn").get_attribute("data-state") == "open"
@@ -206,7 +206,7 @@ async def test_a_token_in_the_page_url_is_kept_for_every_request(
 
 
 async def test_a_replayed_log_draws_the_points_the_log_holds(
-        server: ServerProcess, page: Page, tmp_path: Path) -> None:
+        server: ServerProc, page: Page, tmp_path: Path) -> None:
     log = tmp_path / "replayed.jsonl"
     a = steps(120, first_seq=3, opt="SGD#0", missed=(40, 70))
     b = steps(60, first_seq=3 + 120, opt="Adam#1")
@@ -225,7 +225,7 @@ async def test_a_replayed_log_draws_the_points_the_log_holds(
     run = re.search(r"as run (\S+)", r.stdout)
     assert run, r.stdout
 
-    await page.goto(f"{server.url}/?run={run.group(1)}")
+    await page.goto(f"{server.http}/?run={run.group(1)}")
     await wait_for(lambda: _count_is(page, 180))
     want = _log_rows(str(log))
     for field, col in (("norm", 1), ("drift", 2)):
@@ -256,13 +256,13 @@ def _finite(v: Any) -> float | None:
 
 
 async def test_pause_holds_live_steps_resume_draws_them_and_log_scale_applies(
-        server: ServerProcess, page: Page) -> None:
+        server: ServerProc, page: Page) -> None:
     run = "pausing"
     sent = steps(90)
     async with websockets.connect(f"{server.ws}/ws/ingest") as ws:
         await ws.send(IngestBatch(run=run, records=[header(run, "pausing"), optimizer(),
                                                     *sent[:30]]).model_dump_json())
-        await page.goto(f"{server.url}/?run={run}")
+        await page.goto(f"{server.http}/?run={run}")
         await wait_for(lambda: _count_is(page, 30))
         await page.locator("#btn-pause").click()
         await ws.send(IngestBatch(run=run, records=sent[30:90]).model_dump_json())
@@ -291,13 +291,13 @@ async def _text_has(page: Page, selector: str, text: str) -> bool:
 
 
 async def test_a_long_run_is_downsampled_and_zooming_refetches_full_detail(
-        server: ServerProcess, page: Page) -> None:
+        server: ServerProc, page: Page) -> None:
     n, missed = 20_000, (12_000, 12_050)
     sent = steps(n, missed=missed)
     await ingest(server.ws, "long", [header("long", "long run"), optimizer(), *sent,
                                      End(seq=sent[-1].seq + 1, t=1_700_001_000.0, steps=n)],
                  batch=1000)
-    await page.goto(f"{server.url}/?run=long")
+    await page.goto(f"{server.http}/?run=long")
     await page.wait_for_function("document.body.dataset.snapshot >= 1")
     xs, ys = (await plotted(page, "norm"))["SGD#0"]
     assert 100 < len(xs) < n / 4  # downsampled server-side...

@@ -1,4 +1,4 @@
-"""A real ``gradwatch serve`` process on 127.0.0.1 for end-to-end tests."""
+"""A real ``gradwatch serve`` process on 127.0.0.1, for the e2e and browser tests and benches."""
 
 from __future__ import annotations
 
