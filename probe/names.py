@@ -11,7 +11,6 @@ prefix. Anything else is named
 from __future__ import annotations
 
 import gc
-import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -37,9 +36,10 @@ def from_model(model: torch.nn.Module) -> Callable[[list[torch.Tensor]], list[st
 def from_live_modules(params: list[torch.Tensor]) -> list[str]:
     """Names from the root modules found in memory that own ``params``."""
     wanted = set(params)
-    with warnings.catch_warnings():  # isinstance() pokes deprecated module proxies
-        warnings.simplefilter("ignore")
-        modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+    # type(), not isinstance(): isinstance() reads __class__, which raises ReferenceError
+    # on a dead weakref.proxy and warns on lazy module proxies found in gc.
+    module_t = torch.nn.Module
+    modules = [o for o in gc.get_objects() if issubclass(type(o), module_t)]
     children: set[int] = set()
     for m in modules:
         for c in m.children():

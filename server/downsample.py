@@ -101,7 +101,8 @@ def series_rows(c: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int, h
     for r0, r1 in ranges:
         if r1 >= r0:
             _scan(c, (rid, rank, opt, r0, r1), b, cands)
-    keep = sorted({s for d in cands.values() for _, s in d.values()})
+    # The span's ends are always kept, so a downsampled chart reaches the run's last step.
+    keep = sorted({smin, smax} | {s for d in cands.values() for _, s in d.values()})
     rows: list[Row] = []
     for i in range(0, len(keep), 900):
         part = keep[i:i + 900]

@@ -215,6 +215,7 @@ def test_downsampled_steps_keep_spikes_and_findings(client: TestClient) -> None:
     s = client.get("/api/runs/run1/steps?max_points=120").json()
     assert s["downsampled"] and s["total"] == 3000 and len(s["step"]) <= 120
     assert 1500 in s["step"] and 1234 in s["step"] and 2990 in s["step"]
+    assert (s["step"][0], s["step"][-1]) == (0, 2999)
     assert s["norm"][s["step"].index(1234)] == "NaN"
     part = client.get("/api/runs/run1/steps?start=100&end=199").json()
     assert part["step"] == list(range(100, 200))

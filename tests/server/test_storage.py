@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -132,14 +131,11 @@ def test_million_step_style_query_uses_chunk_summaries(store: Store, tmp_path: P
     recs[2 + 41_234] = recs[2 + 41_234].model_copy(update={"norm": 99.0})
     recs[2 + 7_777] = recs[2 + 7_777].model_copy(update={"norm": -5.0})
     feed(store, recs, size=5000)
-    r = Reader(tmp_path)
-    t = time.perf_counter()
-    s = r.steps("run1", max_points=4000)
-    took = time.perf_counter() - t
+    s = Reader(tmp_path).steps("run1", max_points=4000)
     assert s is not None and s.downsampled and s.total == n and len(s.step) <= 4000
     assert 41_234 in s.step and 7_777 in s.step and s.step == sorted(s.step)
+    assert (s.step[0], s.step[-1]) == (0, n - 1)  # the chart spans the whole run
     check_extremes(s, {i: recs[2 + i].norm for i in range(n)})
-    assert took < 0.5, took
 
 
 def test_delete_removes_everything(store: Store, tmp_path: Path) -> None:
