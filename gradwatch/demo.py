@@ -90,7 +90,7 @@ def train(server: str | None, steps_per_phase: int, pace: float, log_path: Path 
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def loss_of_batch(scale: float = 1.0) -> torch.Tensor:
         x = torch.randn(64, 16)
