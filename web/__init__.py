@@ -1,0 +1,1 @@
+"""The dashboard's static files (HTML, CSS, ES modules), installed as package data."""

@@ -99,37 +99,8 @@ def test_untouched_param_keeps_consumed_grad(watched: Any) -> None:
     assert r.findings[0].params == ["group0.param4"]
 
 
-def _gan(leak: bool) -> tuple[Any, Any, Any]:
-    torch.manual_seed(0)
-    G = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
-    D = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    og = torch.optim.Adam(G.parameters(), lr=1e-3)
-    od = torch.optim.Adam(D.parameters(), lr=1e-3)
-    bce = torch.nn.functional.binary_cross_entropy_with_logits
-
-    def loop() -> None:
-        for i in range(4):
-            g = torch.Generator().manual_seed(i)
-            real, z = torch.randn(8, 4, generator=g), torch.randn(8, 3, generator=g)
-            if not leak:
-                D.zero_grad()
-            fake = G(z)
-            d_loss = bce(D(real), torch.ones(8, 1)) + bce(D(fake.detach()), torch.zeros(8, 1))
-            d_loss.backward()
-            od.step()
-            G.zero_grad()
-            g_loss = bce(D(fake), torch.ones(8, 1))  # fills D's grads too
-            g_loss.backward()
-            og.step()
-            if leak:
-                od.zero_grad()  # too late: D steps next on G's leftover gradient
-
-    return loop, og, od
-
-
 def test_gan_cross_optimizer_leak(watched: Any) -> None:
-    loop, og, od = _gan(leak=False)
-    # the leak: D never cleared between G's backward and D's next step
+    # The leak: D is never cleared between G's backward and D's next step.
     torch.manual_seed(0)
     G = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
     D = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
