@@ -62,6 +62,20 @@ def count(c: sqlite3.Connection, rid: int, rank: int, opt: str, smin: int, smax:
     return int(n)
 
 
+def _plan(smin: int, smax: int, b: int, next_chunk: int
+          ) -> tuple[int, int, int, list[tuple[int, int]]]:
+    """Bucket size, summarised chunks to use and raw ranges to scan for [smin, smax].
+
+    Buckets of at least a chunk are rounded to whole chunks, so they read the chunk
+    summaries; only the edges outside whole chunks are scanned row by row.
+    """
+    if b < db.CHUNK:
+        return b, 0, -1, [(smin, smax)]
+    b = math.ceil(b / db.CHUNK) * db.CHUNK
+    c_lo, c_hi = _chunks(smin, smax, next_chunk)
+    return b, c_lo, c_hi, _edges(smin, smax, c_lo, c_hi)
+
+
 def _better(d: dict[str, tuple[float, int]], name: str, key: float, step: int) -> None:
     cur = d.get(name)
     if cur is None or key < cur[0]:
@@ -81,23 +95,18 @@ def series_rows(c: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int, h
     if n <= max_points:
         every = read_rows(c, rid, rank, opt, smin, smax)
         return every, 1, len(every)
-    b = bucket_size(smin, smax, max_points)
     cands: Cands = {}
-    ranges = [(smin, smax)]
-    if b >= db.CHUNK:
-        b = math.ceil(b / db.CHUNK) * db.CHUNK
-        c_lo, c_hi = _chunks(smin, smax, next_chunk)
-        ranges = _edges(smin, smax, c_lo, c_hi)
-        if c_hi >= c_lo:
-            for a in c.execute(_AGG, (rid, rank, opt, c_lo, c_hi)):
-                d = cands.setdefault(a[0] * db.CHUNK // b, {})
-                for name, i, sign in (("mn_norm", 1, 1), ("mx_norm", 3, -1),
-                                      ("mn_drift", 5, 1), ("mx_drift", 7, -1)):
-                    if a[i] is not None:
-                        _better(d, name, sign * a[i], a[i + 1])
-                for name, i in (("flag", 9), ("odd", 10)):
-                    if a[i] is not None:
-                        _better(d, name, a[i], a[i])
+    b, c_lo, c_hi, ranges = _plan(smin, smax, bucket_size(smin, smax, max_points), next_chunk)
+    if c_hi >= c_lo:
+        for a in c.execute(_AGG, (rid, rank, opt, c_lo, c_hi)):
+            d = cands.setdefault(a[0] * db.CHUNK // b, {})
+            for name, i, sign in (("mn_norm", 1, 1), ("mx_norm", 3, -1),
+                                  ("mn_drift", 5, 1), ("mx_drift", 7, -1)):
+                if a[i] is not None:
+                    _better(d, name, sign * a[i], a[i + 1])
+            for name, i in (("flag", 9), ("odd", 10)):
+                if a[i] is not None:
+                    _better(d, name, a[i], a[i])
     for r0, r1 in ranges:
         if r1 >= r0:
             _scan(c, (rid, rank, opt, r0, r1), b, cands)
@@ -154,19 +163,15 @@ def param_steps(c: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int, h
     if b <= 1:
         return None, 1
     best: dict[int, tuple[float, int]] = {}
-    ranges = [(smin, smax)]
-    if b >= db.CHUNK:
-        b = math.ceil(b / db.CHUNK) * db.CHUNK
-        c_lo, c_hi = _chunks(smin, smax, next_chunk)
-        ranges = _edges(smin, smax, c_lo, c_hi)
-        if c_hi >= c_lo:
-            for chunk, mx, step in c.execute(
-                    "SELECT chunk, mx_norm, mx_norm_step FROM step_agg WHERE rid=? AND rank=? "
-                    "AND opt=? AND chunk BETWEEN ? AND ? AND mx_norm IS NOT NULL",
-                    (rid, rank, opt, c_lo, c_hi)):
-                k = chunk * db.CHUNK // b
-                if k not in best or mx > best[k][0]:
-                    best[k] = (mx, step)
+    b, c_lo, c_hi, ranges = _plan(smin, smax, b, next_chunk)
+    if c_hi >= c_lo:
+        for chunk, mx, step in c.execute(
+                "SELECT chunk, mx_norm, mx_norm_step FROM step_agg WHERE rid=? AND rank=? "
+                "AND opt=? AND chunk BETWEEN ? AND ? AND mx_norm IS NOT NULL",
+                (rid, rank, opt, c_lo, c_hi)):
+            k = chunk * db.CHUNK // b
+            if k not in best or mx > best[k][0]:
+                best[k] = (mx, step)
     for r0, r1 in ranges:
         if r1 < r0:
             continue

@@ -92,7 +92,7 @@ def write_records(conn: sqlite3.Connection, st: RunState, rank: int, items: list
     conn.execute(
         "UPDATE runs SET status=?, updated=?, steps=?, findings=?, ranks=?, optimizers=?, "
         "dropped=? WHERE rid=?",
-        (st.status, st.updated, st.steps, len(st.finding_keys), json.dumps(st.ranks),
+        (st.status, st.updated, st.steps, len(st.finding_keys), json.dumps(sorted(st.ranks)),
          json.dumps(st.optimizers), sum(st.dropped.values()), rid))
     conn.execute("INSERT OR REPLACE INTO streams VALUES(?,?,?,?,?)",
                  (rid, rank, st.max_seq[rank], st.ended.get(rank), st.dropped.get(rank, 0)))
