@@ -23,10 +23,7 @@ import json
 import math
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +35,9 @@ import websockets
 
 from gradwatch.wire import End, Header, IngestBatch, OptimizerInfo, Reset, Step
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.serverproc import ServerProc  # noqa: E402
+
 CHROMIUM = os.environ.get("GRADWATCH_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -45,30 +45,6 @@ CHROMIUM_ARGS = [
 ]
 T0 = 1_700_000_000.0
 BATCH = 2000  # records per ingest frame: well under the server's 1 MiB frame limit
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(port: int, data: Path, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "gradwatch.cli", "serve", "--host", "127.0.0.1",
-           "--port", str(port), "--data", str(data)]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}; see {log}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"server not healthy within 30 s; see {log}")
 
 
 def run_exists(port: int, run: str, steps: int) -> bool:
@@ -198,6 +174,29 @@ async def time_to_chart(browser: Any, url: str, repeat: int, warm: bool = False
     return out
 
 
+PLOTLY_ALONE = """(src) => new Promise((resolve, reject) => {
+  const t0 = performance.now();
+  const s = document.createElement("script");
+  s.src = src;
+  s.onload = () => resolve(performance.now() - t0);
+  s.onerror = () => reject(new Error("could not load " + src));
+  document.head.append(s);
+})"""
+
+
+async def plotly_alone(browser: Any, base: str, repeat: int) -> list[float]:
+    """ms to download and evaluate plotly.js on a blank page: the floor under the
+    interactive chart's time, whatever the dashboard does."""
+    out = []
+    for _ in range(repeat):
+        ctx = await browser.new_context()
+        page = await ctx.new_page()
+        await page.goto(f"{base}/healthz")  # same origin, no dashboard code
+        out.append(await page.evaluate(PLOTLY_ALONE, f"{base}/static/vendor/plotly.min.js"))
+        await ctx.close()
+    return out
+
+
 async def live_frames(browser: Any, base: str, ws_base: str, seconds: float,
                       rate: int) -> dict[str, Any]:
     run = f"bench-live-{int(time.time())}"
@@ -250,10 +249,8 @@ async def main_async(args: argparse.Namespace) -> int:
 
     data = Path(args.data) if args.data else Path(tempfile.mkdtemp(prefix="gw-bench-"))
     data.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = data / "bench-server.log"
-    proc = start_server(port, data, log)
-    base, ws_base = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}"
+    srv = ServerProc(data / "server").start()  # its log lands in data/
+    port, base, ws_base = srv.port, srv.http, srv.ws
     try:
         for run, n in (("bench-10k", 10_000), ("bench-1m", 1_000_000)):
             if run_exists(port, run, n):
@@ -263,6 +260,10 @@ async def main_async(args: argparse.Namespace) -> int:
             print(f"stored run {run}: ingested {n:,} steps in {secs:.1f} s")
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            alone = await plotly_alone(browser, base, args.repeat)
+            print(f"plotly.js alone on a blank page (first visit): "
+                  f"{statistics.median(alone):.0f} ms (median of "
+                  f"{', '.join(f'{m:.0f}' for m in alone)})")
             for (run, n), warm in itertools.product(
                     (("bench-10k", 10_000), ("bench-1m", 1_000_000)), (False, True)):
                 res = await time_to_chart(browser, f"{base}/?run={run}", args.repeat, warm)
@@ -284,11 +285,7 @@ async def main_async(args: argparse.Namespace) -> int:
                   f"({live['plotted']:,} points on the chart at the end)")
             await browser.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        srv.stop()
         if not args.data:  # a temporary store of ~1 GB: do not leave it behind
             shutil.rmtree(data, ignore_errors=True)
     return 0

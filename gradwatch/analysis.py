@@ -36,6 +36,15 @@ _FIX = {
 }
 
 
+def has_finding_facts(step: Step) -> bool:
+    """Whether a step carries a fact that becomes a finding.
+
+    The server keeps only such steps as models for the judge; steps without one never
+    change findings.
+    """
+    return bool(step.stale or step.leaked or step.late_params or step.discarded)
+
+
 def _explain(kind: str, opt: str, n: int, first: int, stats: dict[str, int]) -> str:
     steps = f"{n} step{'s' if n != 1 else ''} from step {first}"
     if kind == "missed_reset":
@@ -113,6 +122,8 @@ class Judge:
         if s.drift is not None and s.drift == s.drift:  # NaN never compares equal
             self._max_drift = s.drift if self._max_drift is None else max(
                 self._max_drift, s.drift)
+        if not has_finding_facts(s):
+            return []
         hits: list[tuple[str, list[int], str, int]] = []
         if s.stale:
             hits.append(("missed_reset", s.stale_params, "stale", s.stale))

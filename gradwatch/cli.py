@@ -18,6 +18,9 @@ COMMANDS = {
     "demo": ("gradwatch.demo", "server + dashboard + a demo training run with bugs"),
 }
 
+SERVER_PACKAGES = frozenset({"fastapi", "starlette", "uvicorn", "plotly"})
+"""What the ``[server]`` extra installs: a missing one gets an install hint."""
+
 USAGE = "usage: gradwatch {" + ",".join(COMMANDS) + "} ...\n\n" + "\n".join(
     f"  {name:<8}{help_}" for name, (_, help_) in COMMANDS.items()
 )
@@ -42,8 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        extra = " Install it with: pip install 'gradwatch[server]'" if "server" in str(
-            e) or "fastapi" in str(e) or "uvicorn" in str(e) else ""
+        missing = (e.name or "").split(".")[0]
+        extra = (" Install it with: pip install 'gradwatch[server]'"
+                 if missing in SERVER_PACKAGES else "")
         print(f"gradwatch {name}: cannot load {module_name}: {e}.{extra}", file=sys.stderr)
         return 2
     rc: int = module.main(args[1:])

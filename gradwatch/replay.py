@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+from gradwatch.probe.stream import Streamer, ingest_url
 from gradwatch.steplog import StepLogError, StepLogWriter, read_log
 
 
@@ -43,13 +44,6 @@ def _parser() -> _Parser:
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds to wait for the server to take the rest at the end")
     return p
-
-
-def streamer_module() -> Any:
-    """``gradwatch.probe.stream``; it imports neither torch nor the rest of the probe."""
-    from gradwatch.probe import stream
-
-    return stream
 
 
 def new_run_id(run: str) -> str:
@@ -92,8 +86,6 @@ def main(argv: Sequence[str]) -> int:
     except StepLogError as e:
         print(f"gradwatch replay: {e}", file=sys.stderr)
         return 2
-    stream = streamer_module()
-    Streamer, ingest_url = stream.Streamer, stream.ingest_url
     try:
         ingest_url(a.server)
     except ValueError as e:

@@ -8,7 +8,6 @@ warning. Anything else that does not parse is an error naming the line and the f
 from __future__ import annotations
 
 import io
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -171,7 +170,3 @@ def dumps_log(header: Header, records: list[Any]) -> str:
         buf.write((r if isinstance(r, str) else dump_record(r)) + "\n")
     return buf.getvalue()
 
-
-def header_json(header: Header) -> dict[str, Any]:
-    """The header as plain JSON data."""
-    return json.loads(dump_record(header))

@@ -17,7 +17,6 @@ parser accepts and which these models read back as floats.
 from __future__ import annotations
 
 import json
-import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
@@ -256,13 +255,6 @@ def parse_record(line: str | bytes) -> Any:
 def dump_record(record: BaseModel) -> str:
     """Serialise a record as one JSON line (no trailing newline)."""
     return record.model_dump_json(exclude_defaults=False)
-
-
-def finite_or_none(x: float | None) -> float | None:
-    """``x`` if it is a finite number, else ``None`` (for sums and plots)."""
-    if x is None or not math.isfinite(x):
-        return None
-    return x
 
 
 def json_schema() -> dict[str, Any]:

@@ -52,26 +52,20 @@ def _wrap(owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
     setattr(owner, attr, wrapper)
 
 
-def _make_opt_zero_grad(orig: Any) -> Any:
-    @functools.wraps(orig)
-    def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = orig(self, *args, **kwargs)
-        for t in tuple(_active):
-            t.opt_zero_grad(self)
-        return out
+def _after(notify: str) -> Callable[[Any], Any]:
+    """A wrapper factory: run the original, then tell every open tracker (``notify``)."""
 
-    return zero_grad
+    def make(orig: Any) -> Any:
+        @functools.wraps(orig)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            out = orig(self, *args, **kwargs)
+            for t in tuple(_active):
+                getattr(t, notify)(self)
+            return out
 
+        return wrapper
 
-def _make_mod_zero_grad(orig: Any) -> Any:
-    @functools.wraps(orig)
-    def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = orig(self, *args, **kwargs)
-        for t in tuple(_active):
-            t.module_zero_grad(self)
-        return out
-
-    return zero_grad
+    return make
 
 
 def _make_scaler_step(orig: Any) -> Any:
@@ -124,8 +118,8 @@ _global_handles: list[Any] = []
 
 
 def _install() -> None:
-    _wrap(torch.optim.Optimizer, "zero_grad", _make_opt_zero_grad)
-    _wrap(torch.nn.Module, "zero_grad", _make_mod_zero_grad)
+    _wrap(torch.optim.Optimizer, "zero_grad", _after("opt_zero_grad"))
+    _wrap(torch.nn.Module, "zero_grad", _after("module_zero_grad"))
     for cls in _scaler_classes():
         _wrap(cls, "step", _make_scaler_step)
 

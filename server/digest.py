@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from gradwatch.analysis import has_finding_facts
 from gradwatch.frames import Hello
 from gradwatch.server.ingest import FrameError, parse_frame
 from gradwatch.server.series import Row, row_from_step
@@ -48,8 +49,7 @@ def item(r: Any, rank: int) -> Item:
     """The :class:`Item` of one validated record model."""
     body = r.__pydantic_serializer__.to_json(r, exclude_none=True).decode()
     if isinstance(r, Step):
-        flagged = bool(r.stale or r.leaked or r.late_params or r.discarded)
-        return Item(r.seq, "step", r.t, body, row_from_step(r, rank), flagged)
+        return Item(r.seq, "step", r.t, body, row_from_step(r, rank), has_finding_facts(r))
     return Item(r.seq, r.type, r.t, body, None, False)
 
 

@@ -130,18 +130,14 @@ def _scan(c: sqlite3.Connection, key: tuple[Any, ...], b: int, cands: Cands) -> 
         d = cands.get(k)
         if d is None:
             d = cands[k] = {}
-        if norm is not None:
-            if math.isfinite(norm):
-                _better(d, "mn_norm", norm, step)
-                _better(d, "mx_norm", -norm, step)
+        for name, v in (("norm", norm), ("drift", drift)):
+            if v is None:
+                continue
+            if math.isfinite(v):
+                _better(d, "mn_" + name, v, step)
+                _better(d, "mx_" + name, -v, step)
             else:
-                facts = 1
-        if drift is not None:
-            if math.isfinite(drift):
-                _better(d, "mn_drift", drift, step)
-                _better(d, "mx_drift", -drift, step)
-            else:
-                facts = 1
+                facts = 1  # a NaN/Inf step is kept like a finding fact
         if facts or nan:
             _better(d, "flag", step, step)
         hows = resets and ",".join(p.partition(":")[0] for p in resets.split(";"))

@@ -60,7 +60,7 @@ def test_replay_and_the_streamer_load_without_torch() -> None:
     r = run_without({"torch"}, """
         from gradwatch.cli import main
         import gradwatch.replay
-        assert gradwatch.replay.streamer_module().Streamer
+        assert gradwatch.replay.Streamer
         assert "torch" not in sys.modules
         raise SystemExit(main(["replay", "--help"]))
     """)

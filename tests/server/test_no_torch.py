@@ -10,7 +10,7 @@ CODE = """
 import sys
 sys.modules["torch"] = None  # any 'import torch' now raises ImportError
 import gradwatch.server.app, gradwatch.server.cli, gradwatch.replay, gradwatch.frames
-assert gradwatch.replay.streamer_module().Streamer  # replay needs only the streamer
+assert gradwatch.replay.Streamer  # replay needs only the streamer
 from fastapi.testclient import TestClient
 from gradwatch.server import Settings, create_app
 with TestClient(create_app(Settings(data_dir=__import__("pathlib").Path(sys.argv[1])))) as c:

@@ -80,11 +80,6 @@ export function setText(target, text) {
   if (node && node.textContent !== s) node.textContent = s;
 }
 
-/** Replace all children of a node. */
-export function replaceChildren(node, children) {
-  node.replaceChildren(...children);
-}
-
 const KIND_LABELS = {
   missed_reset: "missed reset",
   cross_optimizer_leak: "cross-optimizer leak",
