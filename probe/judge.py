@@ -29,7 +29,6 @@ parameter (:func:`_consume_slow`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from itertools import repeat
 from operator import is_
 from typing import TYPE_CHECKING, Any
@@ -51,31 +50,32 @@ def consume(tr: Tracker, st: OptState, closure: bool = False) -> None:
     any_missing = any(map(is_, grads, repeat(None)))
     fast = not (st.dirty or st.lazy_old or st.rich)
     if fast and any_missing:  # a gradient gone since its contribution: per parameter
-        missing = {k for k, g in enumerate(grads) if g is None}
-        fast = missing.isdisjoint(st.hits)
+        fast = {k for k, g in enumerate(grads) if g is None}.isdisjoint(st.hits)
+    zero: list[int] = []
+    mixed: list[tuple[int, int]] = []
     if not (fast and _consume_fast(tr, st)):
         zero, mixed = _consume_slow(tr, st, grads)
-    else:
-        zero, mixed = [], []
-    acc = st.acc
-    if acc.stale:
-        st.shown_stale = True
+        if st.acc.stale:
+            st.shown_stale = True
     every = tr.norms_every
-    if every and st.step % every == 0:
-        if st.norm_plan is False and not any_missing:
-            st.norm_plan = _norms.GroupPlan.make(grads)  # type: ignore[arg-type,unused-ignore]
-        acc.norms = _norms.sample(grads, getattr(st.opt, "grad_scale", None), zero, mixed,
-                                  st.baseline, any_missing, st.norm_plan or None)
-    if st.shown_stale and every and (st.step + 1) % every == 0:
-        st.baseline = _norms.snapshot(grads)
-    elif st.baseline is not None:
-        st.baseline = None
-    st.observe(grads)
+    if every:
+        step = st.step
+        if step % every == 0:
+            if st.norm_plan is False and not any_missing:
+                st.norm_plan = _norms.GroupPlan.make(grads)  # type: ignore[arg-type,unused-ignore]
+            st.acc.norms = _norms.sample(grads, getattr(st.opt, "grad_scale", None), zero,
+                                         mixed, st.baseline, any_missing, st.norm_plan or None)
+        if st.shown_stale and (step + 1) % every == 0:
+            st.baseline = _norms.snapshot(grads)
+        elif st.baseline is not None:
+            st.baseline = None
+    st.last_grads = grads  # identity and versions taken lazily, if ever needed
+    st.refs_ready = False
     st.armed = True
     st.pre_check = None
     tr.armed.add(st)
     if closure:
-        acc.closure_evals += 1
+        st.acc.closure_evals += 1
 
 
 def _consume_fast(tr: Tracker, st: OptState) -> bool:
@@ -84,11 +84,16 @@ def _consume_fast(tr: Tracker, st: OptState) -> bool:
     Returns False (changing nothing) when a leak needs the per-parameter path.
     """
     hits = st.hits
-    marks = [j for j, h in enumerate(hits) if h < 0]
     n = len(hits)
-    bws = [-hits[j] for j in marks if j + 1 < n and hits[j + 1] >= 0]
-    if n and hits[0] >= 0:
-        bws.append(st.cur_bw)
+    if n and (h0 := hits[0]) < 0 and min(hits) == h0:
+        # One backward since the last consumption (markers only decrease): no scan.
+        marks = [0]
+        bws = [-h0] if n > 1 else []
+    else:
+        marks = [j for j, h in enumerate(hits) if h < 0]
+        bws = [-hits[j] for j in marks if j + 1 < n and hits[j + 1] >= 0]
+        if n and hits[0] >= 0:
+            bws.append(st.cur_bw)
     first, phase, uid = tr.first, tr.phase, st.uid
     for b in bws:
         c = first.get(b)
@@ -191,25 +196,56 @@ def observe_skip(tr: Tracker, st: OptState) -> None:
         acc.norms = _norms.sample(grads, None, [], [], None)
 
 
-@dataclass
 class PendingStep:
-    """A step's facts, turned into a :class:`Step` record by the writer thread."""
+    """A step's facts, turned into a :class:`Step` record by the writer thread.
 
-    fields: dict[str, Any]
-    resets: list[tuple[str, set[int], int, bool]]
-    norms: _norms.NormSample | None
+    The training thread only judges the resets (``judged``); building the record (index
+    sets, reset summaries, host copies of the norms) is the writer thread's work.
+    """
+
+    __slots__ = ("t", "opt", "step", "skipped", "acc", "resets", "judged", "late",
+                 "discarded_params")
+
+    def __init__(self, st: OptState, skipped: bool, judged: dict[str, list[Any]] | None,
+                 late: set[int] | None, discarded_params: set[int] | None) -> None:
+        self.t = time.time()
+        self.opt = st.name
+        self.step = st.step
+        self.skipped = skipped
+        self.acc = st.acc
+        self.resets = st.pending
+        self.judged = judged
+        """``how -> [contributions discarded, removed after a backward (late)]``."""
+        self.late = late
+        self.discarded_params = discarded_params
 
     def to_record(self, seq: int) -> Step:
         """The finished record (host copy of the norms happens here, in the writer)."""
-        f = self.fields
-        for key in ("stale_params", "leaked_params", "late_params", "discarded_params"):
-            f[key] = sorted(f[key])
-        f["resets"] = [Reset.model_construct(how=how, params=sorted(ks), discarded=d,
-                                             after_backward=after)
-                       for how, ks, d, after in self.resets]
-        s = Step.model_construct(seq=seq, **f)
-        if self.norms is not None:
-            per, fresh, s.norm, s.fresh_norm = self.norms.host()
+        acc, judged = self.acc, self.judged or {}
+        by_how: dict[str, set[int]] = {}
+        for how, ks, _, hit_lists in self.resets:
+            params = by_how.setdefault(how, set())
+            params.update(ks)
+            for hits in hit_lists:
+                params.update(h for h in hits if h >= 0)
+        resets = []
+        discarded = 0
+        for how, params in by_how.items():
+            d, after = judged.get(how, (0, False))
+            discarded += d
+            resets.append(Reset.model_construct(how=how, params=sorted(params), discarded=d,
+                                                after_backward=after))
+        s = Step.model_construct(
+            seq=seq, t=self.t, opt=self.opt, step=self.step, skipped=self.skipped,
+            closure_evals=acc.closure_evals, backwards=len(acc.bws), consumed=acc.consumed,
+            fresh=acc.fresh, stale=acc.stale, leaked=acc.leaked,
+            stale_params=sorted(acc.stale_params), leaked_params=sorted(acc.leaked_params),
+            late_params=sorted(self.late or ()), discarded=discarded,
+            discarded_params=sorted(self.discarded_params or ()), resets=resets,
+            norm=None, fresh_norm=None, drift=None, param_norms=None,
+            param_fresh_norms=None, type="step")
+        if acc.norms is not None:
+            per, fresh, s.norm, s.fresh_norm = acc.norms.host()
             s.param_norms = per
             s.param_fresh_norms = fresh
             if s.norm is not None and s.fresh_norm:  # undefined when nothing fresh
@@ -218,52 +254,40 @@ class PendingStep:
 
 
 def finalize(tr: Tracker, st: OptState, skipped: bool) -> PendingStep:
-    """Judge the resets since the previous step and collect the step's facts."""
-    acc = st.acc
-    first, observed = tr.first, tr.observed
-    uid = st.uid
-    late: set[int] = set()
-    discarded = 0
-    discarded_params: set[int] = set()
-    by_how: dict[str, list[Any]] = {}
-    for how, ks, removed in st.pending:
-        e = by_how.get(how)
-        if e is None:
-            e = by_how[how] = [set(), 0, False]
-        e[0].update(ks)
-        if skipped:
-            continue
-        for k, bws in removed:
-            # Lost for this optimizer: no other optimizer's step consumed that backward
-            # and no skipped step looked at it (DCGAN: D's zero_grad clears G's backward).
-            wasted = [b for b in bws if b not in observed and first.get(b, (uid,))[0] == uid]
-            if not wasted:
-                continue
-            if acc.had_fresh(k):
-                discarded += len(wasted)
-                discarded_params.add(k)
-                e[1] += len(wasted)
-            else:
-                late.add(k)
-                e[2] = True
-    fields = dict(
-        t=time.time(), opt=st.name, step=st.step, skipped=skipped,
-        closure_evals=acc.closure_evals, backwards=len(acc.bws), consumed=acc.consumed,
-        fresh=acc.fresh, stale=acc.stale, leaked=acc.leaked,
-        stale_params=acc.stale_params, leaked_params=acc.leaked_params,
-        late_params=late, discarded=discarded, discarded_params=discarded_params,
-        norm=None, fresh_norm=None, drift=None, param_norms=None, param_fresh_norms=None,
-        type="step",
-    )
-    pending = PendingStep(fields, [(how, e[0], e[1], e[2]) for how, e in by_how.items()],
-                          acc.norms)
+    """Judge the resets since the previous step; hand the step's facts to the writer."""
+    judged: dict[str, list[Any]] | None = None
+    late: set[int] | None = None
+    discarded_params: set[int] | None = None
+    if not skipped:
+        acc = st.acc
+        first, observed = tr.first, tr.observed
+        uid = st.uid
+        for how, _, removed, _ in st.pending:
+            for k, bws in removed:
+                # Lost for this optimizer: no other optimizer's step consumed that backward
+                # and no skipped step looked at it (DCGAN: D's zero_grad clears G's backward).
+                wasted = [b for b in bws
+                          if b not in observed and first.get(b, (uid,))[0] == uid]
+                if not wasted:
+                    continue
+                if judged is None:
+                    judged, late, discarded_params = {}, set(), set()
+                e = judged.setdefault(how, [0, False])
+                if acc.had_fresh(k):
+                    e[0] += len(wasted)
+                    discarded_params.add(k)  # type: ignore[union-attr]
+                else:
+                    late.add(k)  # type: ignore[union-attr]
+                    e[1] = True
+    pending = PendingStep(st, skipped, judged, late, discarded_params)
     st.pending = []
     st.acc = StepAcc()
     st.step += 1
     st.in_step = False
     tr.stepped_since_bw = True
+    first = tr.first
     if len(first) > _PRUNE_AT:
         cut = tr.bw - _KEEP
         tr.first = {b: v for b, v in first.items() if b >= cut}
-        tr.observed = {b for b in observed if b >= cut}
+        tr.observed = {b for b in tr.observed if b >= cut}
     return pending

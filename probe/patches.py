@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gradwatch.probe.compat import no_compile
+
 if TYPE_CHECKING:
     from gradwatch.probe.tracker import Tracker
 
@@ -133,9 +135,9 @@ def _install_auto() -> None:
     _wrap(torch.optim.Optimizer, "__init__", _make_opt_init)
     # compile traces into step hooks unless they are excluded
     _global_handles.append(register_optimizer_step_pre_hook(
-        torch.compiler.disable(_global_pre)))
+        no_compile(_global_pre)))
     _global_handles.append(register_optimizer_step_post_hook(
-        torch.compiler.disable(_global_post)))
+        no_compile(_global_post)))
 
 
 def _restore(which: Callable[[Any, str], bool]) -> None:

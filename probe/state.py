@@ -15,29 +15,36 @@ Resets append to ``pending``; the step that follows judges them.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 
-@dataclass
 class StepAcc:
-    """Facts gathered over one step (several consumptions for closure optimizers)."""
+    """Facts gathered over one step (several consumptions for closure optimizers).
 
-    consumed: int = 0
-    fresh: int = 0
-    stale: int = 0
-    leaked: int = 0
-    stale_params: set[int] = field(default_factory=set)
-    leaked_params: set[int] = field(default_factory=set)
-    fresh_params: set[int] = field(default_factory=set)
-    fresh_hits: list[list[Any]] = field(default_factory=list)
-    """Hit lists consumed in bulk at this step."""
-    bws: set[int] = field(default_factory=set)
-    closure_evals: int = 0
-    norms: Any = None
-    """A :class:`~gradwatch.probe.norms.NormSample`, or None when not sampled."""
+    Handed whole to the writer thread at the end of the step (the tracker starts a new
+    one), so the training thread never builds the record itself.
+    """
+
+    __slots__ = ("consumed", "fresh", "stale", "leaked", "stale_params", "leaked_params",
+                 "fresh_params", "fresh_hits", "bws", "closure_evals", "norms")
+
+    def __init__(self) -> None:
+        self.consumed = 0
+        self.fresh = 0
+        self.stale = 0
+        self.leaked = 0
+        self.stale_params: set[int] = set()
+        self.leaked_params: set[int] = set()
+        self.fresh_params: set[int] = set()
+        self.fresh_hits: list[list[Any]] = []
+        """Hit lists consumed in bulk at this step."""
+        self.bws: set[int] = set()
+        self.closure_evals = 0
+        self.norms: Any = None
+        """A :class:`~gradwatch.probe.norms.NormSample`, or None when not sampled."""
 
     def had_fresh(self, k: int) -> bool:
         """Whether parameter ``k`` got a fresh contribution consumed at this step."""
@@ -46,6 +53,11 @@ class StepAcc:
 
 class OptState:
     """Everything the probe tracks for one optimizer."""
+
+    __slots__ = ("opt", "uid", "name", "params", "groups", "old", "new", "refs", "vers",
+                 "last_grads", "refs_ready", "hits", "rich", "cur_bw", "lazy_old", "dirty",
+                 "norm_plan", "armed", "pre_check", "unhooked", "step", "pending", "acc",
+                 "in_step", "instance_hooks", "post_hooked", "shown_stale", "baseline")
 
     def __init__(self, opt: torch.optim.Optimizer, uid: int, name: str,
                  params: list[torch.Tensor], groups: list[int]) -> None:
@@ -60,6 +72,10 @@ class OptState:
         self.refs: list[weakref.ref[torch.Tensor] | None] = [None] * n
         self.vers: list[int] = [0] * n
         self.last_grads: list[torch.Tensor | None] | None = None
+        """The grads the last consumption read; their identity and versions are taken
+        lazily (:meth:`ensure_observed`). Holding the list costs no memory in the usual
+        loop: the zero_grad wrapper drops it right after zero_grad frees the grads. Without
+        zero_grad (a hand-written reset or a bug) it lives until the next backward starts."""
         self.refs_ready = True
         self.hits: list[Any] = []
         """Raw hook output, in order: param index, ``-bw`` backward markers, and on the
@@ -80,27 +96,17 @@ class OptState:
         self.unhooked: list[int] = []
         """Parameters without a hook yet (not requiring grad at attach time)."""
         self.step = 0
-        self.pending: list[tuple[str, list[int], list[tuple[int, list[int]]]]] = []
-        """Resets since the last step: ``(how, params, [(param, removed backward ids)])``."""
+        self.pending: list[PendingReset] = []
+        """Resets since the last step (the step that follows judges them)."""
         self.acc = StepAcc()
         self.in_step = False
-        self.closure_step = False
+        """Inside a closure step (its record is emitted by the post hook)."""
+        self.instance_hooks = True
+        """The step hooks are this optimizer's own (not the global ones of ``run``)."""
+        self.post_hooked = False
         self.shown_stale = False
         self.baseline: list[tuple[torch.Tensor, Any, int] | None] | None = None
         """Bug path only: copies of the gradients consumed last step, for exact fresh norms."""
-
-    def __hash__(self) -> int:
-        return id(self)
-
-    def observe(self, grads: list[torch.Tensor | None]) -> None:
-        """Remember the consumed grads; their identity and versions are taken lazily.
-
-        Holding the list costs no memory in the usual loop: the zero_grad wrapper drops it
-        right after zero_grad frees the grads. Without zero_grad (a hand-written reset or a
-        bug) it lives until the next backward starts.
-        """
-        self.last_grads = grads
-        self.refs_ready = False
 
     def ensure_observed(self, trigger: int = -1, trigger_version: int = 0) -> None:
         """Turn the held grads into weak references and versions (once per step)."""
@@ -185,24 +191,33 @@ class OptState:
         if removed:
             self.new[k] = []  # hand the list itself to pending; never share it
         self.old[k] = 0
-        self.pending.append((how, [k], [(k, removed)] if removed else []))
+        self.pending.append((how, [k], [(k, removed)] if removed else [], ()))
 
     def reset_all(self, how: str) -> None:
-        """Every parameter was reset (optimizer zero_grad): in bulk where possible."""
+        """Every parameter was reset (optimizer zero_grad): in bulk where possible.
+
+        The usual reset (every gradient consumed in bulk, nothing pending) hands the
+        consumed hit lists over as they are; the writer thread turns them into indices.
+        """
         if self.hits:
             self.sync()
-        ks: set[int] = {h for hits in self.lazy_old for h in hits if h >= 0}
-        self.lazy_old = []
-        removed: list[tuple[int, list[int]]] = []
-        if self.dirty:
-            old, new = self.old, self.new
-            ks.update(k for k, (o, nw) in enumerate(zip(old, new, strict=True)) if o or nw)
-            removed = [(k, new[k]) for k in ks if new[k]]
-            for k, _ in removed:
-                new[k] = []
-            self.old = [0] * len(old)
-            self.dirty = False
-        self.pending.append((how, sorted(ks), removed))
+        lazy, self.lazy_old = self.lazy_old, []
+        if not self.dirty:
+            self.pending.append((how, (), (), lazy))
+            return
+        old, new = self.old, self.new
+        ks = [k for k, (o, nw) in enumerate(zip(old, new, strict=True)) if o or nw]
+        removed = [(k, new[k]) for k in ks if new[k]]
+        for k, _ in removed:
+            new[k] = []
+        self.old = [0] * len(old)
+        self.dirty = False
+        self.pending.append((how, ks, removed, lazy))
+
+
+PendingReset = tuple[str, Sequence[int], Sequence[tuple[int, list[int]]], Sequence[list[Any]]]
+"""A reset since the last step: ``(how, params, [(param, removed backward ids)], hit
+lists)``; the reset parameters are ``params`` plus the indices in the consumed hit lists."""
 
 
 class PreCheck:

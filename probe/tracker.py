@@ -4,8 +4,9 @@ Hot path (per parameter, per backward): the hook appends the parameter's index t
 optimizer's list (and, only on the rare *armed* path after a step without a following
 ``zero_grad``, the grad object and its version). Backward passes are told apart by a
 marker the first hook of each backward appends, with an engine callback that ends it.
-Everything else runs once per step (step pre/post hooks) or in the ``zero_grad`` wrappers,
-in bulk where the step is the usual one (see :func:`gradwatch.probe.judge.consume`).
+Everything else runs once per step (the step pre-hook, plus a post-hook for closure steps)
+or in the ``zero_grad`` wrappers, in bulk where the step is the usual one (see
+:func:`gradwatch.probe.judge.consume`).
 
 Any internal error is logged once and the tracker turns itself off; training goes on.
 """
@@ -21,6 +22,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from gradwatch.probe import judge
+from gradwatch.probe.compat import no_compile
 from gradwatch.probe.names import positional
 from gradwatch.probe.state import OptState, PreCheck
 from gradwatch.wire import OptimizerInfo
@@ -37,6 +39,10 @@ def _in_backward() -> bool:
 
 class Tracker:
     """Tracks the optimizers of one watch session and produces step records."""
+
+    __slots__ = ("mode", "bw", "phase", "stepped_since_bw", "by_opt", "by_param", "first",
+                 "observed", "handles", "armed", "emit", "norms_every", "namer", "auto",
+                 "on_disable", "disabled", "steps", "_names_taken")
 
     def __init__(self, emit: Callable[[Any], None], *, norms_every: int = 1,
                  namer: Callable[[list[torch.Tensor]], list[str]] | None = None,
@@ -94,10 +100,9 @@ class Tracker:
                 st.new[k].append(self.bw)
                 st.dirty = True
                 self.observed.add(self.bw)
-        if instance_hooks:  # torch.compile must not trace into them
-            self.handles.append(opt.register_step_pre_hook(torch.compiler.disable(self.pre)))
-            self.handles.append(opt.register_step_post_hook(
-                torch.compiler.disable(self.post)))
+        st.instance_hooks = instance_hooks
+        if instance_hooks:  # torch.compile must not trace into it
+            self.handles.append(opt.register_step_pre_hook(no_compile(self.pre)))
         names = self.namer(params) if self.namer else positional(groups)
         self.emit(OptimizerInfo(seq=0, t=time.time(), opt=name, cls=type(opt).__name__,
                                 params=names, shapes=[list(p.shape) for p in params],
@@ -169,23 +174,30 @@ class Tracker:
                 pending, st.unhooked = st.unhooked, []
                 for k in pending:
                     self._hook(st, k)
-            st.in_step = True
             # torch passes the step's own args, ``self`` first: (self, closure?)
             closure = args[1] if len(args) > 1 else kwargs.get("closure")
             if callable(closure):
-                st.closure_step = True
+                st.in_step = True
+                if st.instance_hooks and not st.post_hooked:
+                    # registered now, it still runs after this very step
+                    st.post_hooked = True
+                    self.handles.append(st.opt.register_step_post_hook(
+                        no_compile(self.post)))
                 wrapped = self._wrap_closure(st, closure)
                 if len(args) > 1:
                     return (args[0], wrapped, *args[2:]), kwargs
                 return args, {**kwargs, "closure": wrapped}
-            st.closure_step = False
+            # Without a closure the step reads its gradients now and nothing after:
+            # the record is complete at step entry (no post-hook call per step).
             judge.consume(self, st)
+            self.emit(judge.finalize(self, st, skipped=False))
+            self.steps += 1
         except Exception as e:  # noqa: BLE001
             self.fail(e)
         return None
 
     def post(self, opt: Any, args: Any, kwargs: Any) -> None:
-        """Optimizer step post-hook: emit the step record."""
+        """Optimizer step post-hook (closure steps): emit the step record."""
         if self.mode < 0:
             return
         try:
@@ -238,7 +250,7 @@ class Tracker:
                 for k in ks:
                     if st.old[k] or st.new[k]:
                         st.reset(k, "module_zero_grad")
-                st.pending.append(("module_zero_grad", [], []))
+                st.pending.append(("module_zero_grad", [], [], ()))
                 if len(ks) >= len(st.params):
                     st.drop_observed()
                     st.armed = False

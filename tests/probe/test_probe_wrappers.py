@@ -71,3 +71,42 @@ def test_lightning_style_gating_is_clean(watched: Any, accumulate: int) -> None:
     r = watched(lopt, loop, model=m)
     assert r.findings == []
     assert [s.backwards for s in r.steps()] == [accumulate] * (6 // accumulate)
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_compiled_step_keeps_the_hook_out_of_the_graph(watched: Any, bug: bool) -> None:
+    """``torch.compile`` of a function that steps: the step hook graph-breaks, is not
+    traced, and still judges every step (Dynamo only, backend "eager": no C++ compiler)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    @torch.compile(backend="eager")
+    def step() -> None:
+        opt.step()
+
+    def loop() -> None:
+        for i in range(6):
+            if not (bug and i >= 3):
+                opt.zero_grad()
+            loss_of(model, i).backward()
+            step()
+
+    try:
+        res = watched(opt, loop)
+        breaks = list(counters["graph_break"])
+    finally:
+        torch._dynamo.reset()
+    assert any("gradwatch's optimizer step hook" in b for b in breaks), breaks
+    steps = res.steps()
+    assert [s.step for s in steps] == list(range(6))
+    assert [s.fresh for s in steps] == [4] * 6  # 4 parameters, one backward per step
+    if bug:
+        assert res.kinds() == [("missed_reset", "SGD#0", 3, 3)]
+    else:
+        assert res.kinds() == []
