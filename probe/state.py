@@ -174,9 +174,11 @@ class OptState:
                 self.reset(k, "set_none" if old_g is None else "replaced")
             self.refs[k] = weakref.ref(g)
         elif self.old[k] and not self.new[k]:
-            if v != self.vers[k] + 1:
+            if v != self.vers[k] + 1 and g._base is None:
                 # Same object changed in place before this contribution while it held
-                # only consumed content: a p.grad.zero_() outside zero_grad.
+                # only consumed content: a p.grad.zero_() outside zero_grad. (A view, such
+                # as DDP's gradient_as_bucket_view, shares its version counter with its
+                # bucket: any other parameter's accumulation bumps it, so only values tell.)
                 self.reset(k, "zero_")
             elif self.pre_check is not None and self.pre_check.was_zero(k, bw):
                 self.reset(k, "zero_")  # p.grad.data.zero_(): no version bump, values zero
