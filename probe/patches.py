@@ -3,9 +3,10 @@
 There is no zero_grad hook in PyTorch and GradScaler skips ``optimizer.step()`` without a
 hook firing, so while a session is open ``Optimizer.zero_grad``, ``Module.zero_grad`` and
 ``GradScaler.step`` are wrapped (extra signals that label resets and see skipped steps;
-the truth stays the state of ``.grad``). In ``gradwatch run`` mode ``Optimizer.__init__`` is
-wrapped too, to attach to each optimizer the script creates. The last session to close
-restores the originals.
+the truth stays the state of ``.grad``), and ``Optimizer.add_param_group`` too, so that
+parameters added later (progressive unfreezing) are tracked. In ``gradwatch run`` mode
+``Optimizer.__init__`` is wrapped too, to attach to each optimizer the script creates. The
+last session to close restores the originals.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ _global_handles: list[Any] = []
 def _install() -> None:
     _wrap(torch.optim.Optimizer, "zero_grad", _after("opt_zero_grad"))
     _wrap(torch.nn.Module, "zero_grad", _after("module_zero_grad"))
+    _wrap(torch.optim.Optimizer, "add_param_group", _after("opt_add_param_group"))
     for cls in _scaler_classes():
         _wrap(cls, "step", _make_scaler_step)
 

@@ -108,6 +108,25 @@ class OptState:
         self.baseline: list[tuple[torch.Tensor, Any, int] | None] | None = None
         """Bug path only: copies of the gradients consumed last step, for exact fresh norms."""
 
+    def add(self, params: list[torch.Tensor], groups: list[int]) -> None:
+        """Parameters added to the optimizer (``add_param_group``), indexed after the others."""
+        n = len(params)
+        self.params.extend(params)
+        self.groups.extend(groups)
+        self.old.extend([0] * n)
+        self.new.extend([] for _ in range(n))
+        grads = [p.grad for p in params]
+        if self.last_grads is not None:  # identities taken later, from this list
+            self.last_grads = [*self.last_grads, *grads]
+            self.refs.extend([None] * n)
+            self.vers.extend([0] * n)
+        else:
+            self.refs.extend(None if g is None else weakref.ref(g) for g in grads)
+            self.vers.extend(0 if g is None else g._version for g in grads)
+        if self.baseline is not None:
+            self.baseline.extend([None] * n)
+        self.norm_plan = False  # shapes changed: plan again
+
     def ensure_observed(self, trigger: int = -1, trigger_version: int = 0) -> None:
         """Turn the held grads into weak references and versions (once per step)."""
         if self.refs_ready:

@@ -90,24 +90,51 @@ class Tracker:
         self._names_taken.add(name)
         st = OptState(opt, len(self.by_opt), name, params, groups)
         self.by_opt[opt] = st
-        for k, p in enumerate(params):
+        self._track(st, range(len(params)))
+        st.instance_hooks = instance_hooks
+        if instance_hooks:  # torch.compile must not trace into it
+            self.handles.append(opt.register_step_pre_hook(no_compile(self.pre)))
+        self._announce(st)
+        return st
+
+    def _track(self, st: OptState, ks: range) -> None:
+        """Hook parameters ``ks`` of ``st``; gradient content they already hold is fresh for
+        the next step, but never judged as discarded or late (we did not see its origin)."""
+        for k in ks:
+            p = st.params[k]
             self.by_param.setdefault(p, []).append((st, k))
             self._hook(st, k)
             if p.grad is not None:
-                # Content from before we attached: fresh for the first step, but never
-                # judged as discarded or late (we did not see where it came from).
                 self.bw += 1
                 st.new[k].append(self.bw)
                 st.dirty = True
                 self.observed.add(self.bw)
-        st.instance_hooks = instance_hooks
-        if instance_hooks:  # torch.compile must not trace into it
-            self.handles.append(opt.register_step_pre_hook(no_compile(self.pre)))
-        names = self.namer(params) if self.namer else positional(groups)
-        self.emit(OptimizerInfo(seq=0, t=time.time(), opt=name, cls=type(opt).__name__,
-                                params=names, shapes=[list(p.shape) for p in params],
-                                groups=groups))
-        return st
+
+    def _announce(self, st: OptState) -> None:
+        """Emit the optimizer's parameters (names, shapes, groups) as they are now."""
+        names = self.namer(st.params) if self.namer else positional(st.groups)
+        self.emit(OptimizerInfo(seq=0, t=time.time(), opt=st.name, cls=type(st.opt).__name__,
+                                params=names, shapes=[list(p.shape) for p in st.params],
+                                groups=list(st.groups)))
+
+    def opt_add_param_group(self, opt: Any) -> None:
+        """After ``Optimizer.add_param_group`` (progressive unfreezing): track the new
+        parameters from now on, after the existing ones, and announce the longer list."""
+        st = self.by_opt.get(opt)
+        if st is None or self.mode < 0:
+            return
+        try:
+            known = set(st.params)
+            added = [(gi, p) for gi, group in enumerate(opt.param_groups)
+                     for p in group["params"] if p not in known]
+            if not added:
+                return
+            n0 = len(st.params)
+            st.add([p for _, p in added], [gi for gi, _ in added])
+            self._track(st, range(n0, len(st.params)))
+            self._announce(st)
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
 
     def _hook(self, st: OptState, k: int) -> None:
         p = st.params[k]

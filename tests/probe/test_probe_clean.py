@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from gradwatch.wire import OptimizerInfo
 from tests.probe.probe_helpers import batch, loss_of, mlp
 
 
@@ -292,3 +293,41 @@ def test_activation_checkpointing(watched: Any, reentrant: bool) -> None:
     r = watched(opt, loop)
     _clean(r)
     assert all(s.fresh == 4 for s in r.steps())
+
+
+@pytest.mark.parametrize("forget", [False, True])
+def test_add_param_group_tracks_the_new_parameters(watched: Any, forget: bool) -> None:
+    """Progressive unfreezing: the backbone joins the optimizer at step 3 through
+    ``add_param_group``; from then on its parameters are judged and measured like the
+    others (and a reset forgotten after that is caught on them too)."""
+    torch.manual_seed(0)
+    backbone, head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)
+    backbone.requires_grad_(False)
+    opt = torch.optim.SGD(head.parameters(), lr=0.01)
+
+    def loop() -> None:
+        for i in range(6):
+            if i == 3:
+                backbone.requires_grad_(True)
+                opt.add_param_group({"params": backbone.parameters(), "lr": 0.001})
+            if not (forget and i >= 4):
+                opt.zero_grad()
+            x, y = batch(i, n_out=2)
+            ((head(torch.tanh(backbone(x))) - y) ** 2).mean().backward()
+            opt.step()
+
+    res = watched(opt, loop)
+    infos = [r for r in res.records if isinstance(r, OptimizerInfo)]
+    assert [len(i.params) for i in infos] == [2, 4]
+    assert infos[-1].groups == [0, 0, 1, 1] and infos[-1].shapes[2:] == [[8, 4], [8]]
+    steps = res.steps()
+    assert [s.fresh for s in steps] == [2, 2, 2, 4, 4, 4]
+    assert [len(s.param_norms or []) for s in steps] == [2, 2, 2, 4, 4, 4]
+    for s in steps[3:]:
+        assert s.param_norms is not None and all(n is not None and n > 0 for n in s.param_norms)
+    if forget:
+        assert res.kinds() == [("missed_reset", "SGD#0", 4, 2)]
+        assert steps[4].stale_params == [0, 1, 2, 3]
+    else:
+        assert res.kinds() == []
+        assert all(s.drift == pytest.approx(1.0) for s in steps)
