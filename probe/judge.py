@@ -1,8 +1,10 @@
 """The per-step verdict: which contributions a step consumed, and what the resets threw away.
 
 ``consume`` runs when the optimizer reads its gradients (step entry, or after each closure
-evaluation); ``finalize`` runs after the step and turns the facts into a pending
-:class:`~gradwatch.wire.Step` record, whose norms the writer thread copies to the host.
+evaluation); ``finalize`` then judges the resets and hands the facts over as a
+:class:`PendingStep` (right after ``consume`` for a step without a closure, after the step
+for a closure step), which the writer thread turns into a :class:`~gradwatch.wire.Step`
+record, copying the norms to the host.
 
 Rules (see ``Step`` in :mod:`gradwatch.wire` for the fields):
 
