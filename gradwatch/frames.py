@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from gradwatch import wire
 from gradwatch.wire import Finding, Header
 
-RunId = str
 RunStatus = Literal["live", "finished", "failed", "interrupted"]
 
 
@@ -110,11 +109,6 @@ class StepSeries(_Frame):
     bucket: int = 1
     downsampled: bool = False
     total: int = 0
-
-
-STEP_COLUMNS = ("rank", "opt", "step", "t", "norm", "fresh_norm", "drift", "stale",
-                "leaked", "late", "discarded", "skipped", "resets")
-"""The per-row columns of :class:`StepSeries`, in order."""
 
 
 class ParamSeries(_Frame):

@@ -1,9 +1,9 @@
 """Cheaper stand-ins for public torch calls on the per-step path, each with a fallback.
 
 The step pre-hook runs once per optimizer step and must stay out of ``torch.compile``'s
-tracing. ``torch.compiler.disable`` does that with a generic wrapper that costs ~0.6 us
-per call hot and ~10 us on a cold cache (the usual case right after a backward);
-:func:`no_compile` does the same three things with the same torch internals: turn frame
+tracing. ``torch.compiler.disable`` does that with a generic wrapper (a stance lookup, an
+export check and four frame-evaluation switches per call); :func:`no_compile` does the
+same three things with the same torch internals, and nothing else: turn frame
 evaluation off around the call, keep its own frame out of Dynamo, and carry the markers
 Dynamo's tracer reads to graph-break instead of inlining the hook.
 """

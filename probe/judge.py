@@ -208,8 +208,8 @@ class PendingStep:
     __slots__ = ("t", "opt", "step", "skipped", "acc", "resets", "judged", "late",
                  "discarded_params")
 
-    def __init__(self, st: OptState, skipped: bool, judged: dict[str, list[Any]] | None,
-                 late: set[int] | None, discarded_params: set[int] | None) -> None:
+    def __init__(self, st: OptState, skipped: bool, judged: dict[str, list[Any]],
+                 late: set[int], discarded_params: set[int]) -> None:
         self.t = time.time()
         self.opt = st.name
         self.step = st.step
@@ -223,7 +223,7 @@ class PendingStep:
 
     def to_record(self, seq: int) -> Step:
         """The finished record (host copy of the norms happens here, in the writer)."""
-        acc, judged = self.acc, self.judged or {}
+        acc, judged = self.acc, self.judged
         by_how: dict[str, set[int]] = {}
         for how, ks, _, hit_lists in self.resets:
             params = by_how.setdefault(how, set())
@@ -242,8 +242,8 @@ class PendingStep:
             closure_evals=acc.closure_evals, backwards=len(acc.bws), consumed=acc.consumed,
             fresh=acc.fresh, stale=acc.stale, leaked=acc.leaked,
             stale_params=sorted(acc.stale_params), leaked_params=sorted(acc.leaked_params),
-            late_params=sorted(self.late or ()), discarded=discarded,
-            discarded_params=sorted(self.discarded_params or ()), resets=resets,
+            late_params=sorted(self.late), discarded=discarded,
+            discarded_params=sorted(self.discarded_params), resets=resets,
             norm=None, fresh_norm=None, drift=None, param_norms=None,
             param_fresh_norms=None, type="step")
         if acc.norms is not None:
@@ -257,9 +257,9 @@ class PendingStep:
 
 def finalize(tr: Tracker, st: OptState, skipped: bool) -> PendingStep:
     """Judge the resets since the previous step; hand the step's facts to the writer."""
-    judged: dict[str, list[Any]] | None = None
-    late: set[int] | None = None
-    discarded_params: set[int] | None = None
+    judged: dict[str, list[Any]] = {}
+    late: set[int] = set()
+    discarded_params: set[int] = set()
     if not skipped:
         acc = st.acc
         first, observed = tr.first, tr.observed
@@ -272,14 +272,12 @@ def finalize(tr: Tracker, st: OptState, skipped: bool) -> PendingStep:
                           if b not in observed and first.get(b, (uid,))[0] == uid]
                 if not wasted:
                     continue
-                if judged is None:
-                    judged, late, discarded_params = {}, set(), set()
                 e = judged.setdefault(how, [0, False])
                 if acc.had_fresh(k):
                     e[0] += len(wasted)
-                    discarded_params.add(k)  # type: ignore[union-attr]
+                    discarded_params.add(k)
                 else:
-                    late.add(k)  # type: ignore[union-attr]
+                    late.add(k)
                     e[1] = True
     pending = PendingStep(st, skipped, judged, late, discarded_params)
     st.pending = []

@@ -44,7 +44,6 @@ class RecordWriter:
         self.maxsize = maxsize
         self.buffer: deque[Any] = deque()
         self.dropped = 0
-        self.written = 0
         self.judge = Judge()
         self.streamer = streamer
         self.poll = poll
@@ -100,7 +99,6 @@ class RecordWriter:
             line = dump_record(rec)
             if self._file is not None:
                 self._file.write(line)
-            self.written += 1
             for f in self.judge.feed(rec):
                 self._new_finding(f)
         except Exception:  # noqa: BLE001 - the writer must outlive a bad record

@@ -263,15 +263,19 @@ def test_image_stores_a_streamed_run_and_keeps_it_across_restart(
         )  # fmt: skip
         started.append(["volume", "rm", "-f", volume])
         started.append(["rm", "-f", name])
-        # As compose.yaml runs it: loopback-only port, named volume at /data, and an empty
-        # GRADWATCH_TOKEN (what compose passes when it is unset). A short health interval
-        # only so the test does not wait the image's 10 s.
-        docker(
-            "run", "-d", "--name", name, "--init",
-            "-p", f"127.0.0.1:{port}:8765", "-v", f"{volume}:/data",
-            "-e", "GRADWATCH_TOKEN=", "--health-interval", "1s", image,
-        )  # fmt: skip
-        _wait_healthy(docker, name, base)
+
+        def start(token: str) -> None:
+            # As compose.yaml runs it: loopback-only port, named volume at /data, and
+            # GRADWATCH_TOKEN (empty is what compose passes when it is unset). A short
+            # health interval only so the test does not wait the image's 10 s.
+            docker(
+                "run", "-d", "--name", name, "--init",
+                "-p", f"127.0.0.1:{port}:8765", "-v", f"{volume}:/data",
+                "-e", f"GRADWATCH_TOKEN={token}", "--health-interval", "1s", image,
+            )  # fmt: skip
+            _wait_healthy(docker, name, base)
+
+        start(token="")
 
         assert docker("exec", name, "id", "-u") == "10001", "the server runs as root"
         has_torch = "import importlib.util as u; print(u.find_spec('torch') is not None)"
@@ -289,7 +293,7 @@ def test_image_stores_a_streamed_run_and_keeps_it_across_restart(
         assert local_steps == STEPS
         assert "missed_reset" in local_kinds
 
-        summary = _wait_for_steps(base, run, STEPS)
+        _wait_for_steps(base, run, STEPS)
         summary, kinds, listed = _stored(base, run)
         assert (summary["steps"], summary["status"], listed) == (STEPS, "finished", 1)
         assert kinds == local_kinds
@@ -310,12 +314,7 @@ def test_image_stores_a_streamed_run_and_keeps_it_across_restart(
         # before publishing the port further): the entrypoint drops --insecure-no-token,
         # the server refuses requests without the token and still has the run.
         docker("rm", "-f", name, timeout=60)
-        docker(
-            "run", "-d", "--name", name, "--init",
-            "-p", f"127.0.0.1:{port}:8765", "-v", f"{volume}:/data",
-            "-e", "GRADWATCH_TOKEN=s3cret", "--health-interval", "1s", image,
-        )  # fmt: skip
-        _wait_healthy(docker, name, base)
+        start(token="s3cret")
         with pytest.raises(urllib.error.HTTPError) as refused:
             _get(f"{base}/api/runs/{run}")
         assert refused.value.code == 401
