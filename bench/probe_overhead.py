@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 import gradwatch
 
@@ -41,6 +42,12 @@ def _many() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     return m, torch.randn(64, 64), torch.randint(0, 64, (64,))
 
 
+MODES = ("baseline", "judging", "norms", "hooks", "reader")
+"""``hooks`` and ``reader`` take the cost apart (no targets): ``hooks`` is a no-op
+post-accumulate-grad hook on every parameter, the mechanism any per-parameter tracker pays;
+``reader`` is a bare step pre-hook running the floor's kernels where the step reads the
+gradients (in place, not right after the step as the floor is timed)."""
+
 Clock = Callable[[], float]
 CLOCKS: dict[str, Clock] = {"wall": time.perf_counter, "cpu": time.process_time}
 """``cpu`` is the whole process's CPU time (training thread, writer thread, torch threads):
@@ -55,7 +62,7 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9)
     loss_fn = torch.nn.functional.cross_entropy
-    modes = ("baseline", "judging", "norms", "floor")
+    modes = (*MODES, "floor")
     times: dict[str, dict[str, list[float]]] = {c: {m: [] for m in modes} for c in CLOCKS}
 
     def step() -> None:
@@ -69,26 +76,50 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
         for (c, clock), t0 in zip(CLOCKS.items(), t, strict=True):
             times[c][mode].append(clock() - t0)
 
+    def norms_of(grads: list[torch.Tensor | None]) -> torch.Tensor:
+        return torch.stack(torch._foreach_norm([g for g in grads if g is not None]))
+
     def floor() -> None:  # the norm kernels alone, on these same gradients
-        torch.stack(torch._foreach_norm([p.grad for p in params if p.grad is not None]))
+        norms_of([p.grad for p in params])
+
+    kept: list[torch.Tensor] = []
+
+    def reader(*_: object) -> None:  # the same kernels where the step reads the gradients
+        kept.append(norms_of([p.grad for p in params]))
+        if len(kept) > 32:  # held a while, as the probe holds them for its writer
+            kept.clear()
+
+    def attach(mode: str, b: int) -> Callable[[], None]:
+        if mode in ("judging", "norms"):
+            handle = gradwatch.watch(opt, log=tmp / f"{name}-{mode}-{b}.jsonl",
+                                     norms_every=0 if mode == "judging" else 1)
+            return handle.close
+        hs: list[RemovableHandle] = []
+        if mode == "hooks":
+            hs = [p.register_post_accumulate_grad_hook(lambda _p: None) for p in params]
+        elif mode == "reader":
+            hs = [opt.register_step_pre_hook(reader)]
+
+        def detach() -> None:
+            for h in hs:
+                h.remove()
+
+        return detach
 
     for _ in range(5):
         step()
-    order = ("baseline", "judging", "norms")
+    order = MODES
     for b in range(blocks):
-        for mode in order[b % 3:] + order[:b % 3]:  # each mode in each position alike
-            handle = None
-            if mode != "baseline":
-                handle = gradwatch.watch(opt, log=tmp / f"{name}-{mode}-{b}.jsonl",
-                                         norms_every=0 if mode == "judging" else 1)
+        for mode in order[b % len(order):] + order[:b % len(order)]:  # each position alike
+            detach = attach(mode, b)
             for _ in range(3):
                 step()
             for _ in range(steps):
                 timed(mode, step)
                 if mode == "baseline":
                     timed("floor", floor)
-            if handle is not None:
-                handle.close()
+            detach()
+            kept.clear()
     out = {c: {m: statistics.median(v) * 1e3 for m, v in t.items()} for c, t in times.items()}
     for c, t in times.items():
         out[c].update(paired(t, steps))
@@ -101,13 +132,14 @@ def paired(t: dict[str, list[float]], steps: int) -> dict[str, float]:
     def per_block(v: list[float]) -> list[float]:
         return [statistics.median(v[i:i + steps]) for i in range(0, len(v), steps)]
 
-    base, judging, norms, floor = (per_block(t[m])
-                                   for m in ("baseline", "judging", "norms", "floor"))
-    return {
-        "paired_judging": statistics.median(j / b for j, b in zip(judging, base, strict=True)),
-        "paired_norms": statistics.median(
-            (n - b) / f for n, b, f in zip(norms, base, floor, strict=True)),
-    }
+    blocks = {m: per_block(v) for m, v in t.items()}
+    base, floor = blocks["baseline"], blocks["floor"]
+    out = {"paired_judging": statistics.median(
+        j / b for j, b in zip(blocks["judging"], base, strict=True))}
+    for m in ("norms", "hooks", "reader"):
+        out[f"paired_{m}"] = statistics.median(
+            (x - b) / f for x, b, f in zip(blocks[m], base, floor, strict=True))
+    return out
 
 
 def report(name: str, target: float, r: dict[str, float], clock: str) -> None:
@@ -124,6 +156,11 @@ def report(name: str, target: float, r: dict[str, float], clock: str) -> None:
           f"probe cost with norms = {(norms - base) / floor:.2f} x floor")
     print(f"  paired by block      judging x{r['paired_judging']:.3f}, "
           f"norms every step = baseline + {r['paired_norms']:.2f} x floor")
+    print("  taken apart (paired, x floor): no-op hook on every parameter "
+          f"{r['paired_hooks']:.2f}, bare reader in place (the floor's kernels) "
+          f"{r['paired_reader']:.2f}, "
+          f"the rest "
+          f"{r['paired_norms'] - r['paired_hooks'] - r['paired_reader']:.2f}")
 
 
 def main() -> None:

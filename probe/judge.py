@@ -31,13 +31,14 @@ parameter (:func:`_consume_slow`).
 from __future__ import annotations
 
 import time
+from collections.abc import Set as AbstractSet
 from itertools import repeat
 from operator import is_
 from typing import TYPE_CHECKING, Any
 
 from gradwatch.probe import norms as _norms
 from gradwatch.probe.state import OptState, StepAcc
-from gradwatch.wire import Reset, Step
+from gradwatch.wire import Reset, Step, trusted
 
 if TYPE_CHECKING:
     from gradwatch.probe.tracker import Tracker
@@ -71,13 +72,71 @@ def consume(tr: Tracker, st: OptState, closure: bool = False) -> None:
             st.baseline = _norms.snapshot(grads)
         elif st.baseline is not None:
             st.baseline = None
+    _mark_consumed(tr, st, grads)
+    if closure:
+        st.acc.closure_evals += 1
+
+
+def _mark_consumed(tr: Tracker, st: OptState, grads: list[Any]) -> None:
     st.last_grads = grads  # identity and versions taken lazily, if ever needed
     st.refs_ready = False
     st.armed = True
     st.pre_check = None
     tr.armed.add(st)
-    if closure:
-        st.acc.closure_evals += 1
+
+
+def plain_step(tr: Tracker, st: OptState) -> PendingStep:
+    """A step without a closure: :func:`consume` and :func:`finalize` at once.
+
+    The usual step (one backward since the last step, every gradient reset since it was
+    last consumed, no reset that threw contributions away, an optimizer that never showed
+    stale gradients) is done here in one pass with no per-parameter work but reading
+    ``.grad``; any other step takes the general way.
+    """
+    hits = st.hits
+    n = len(hits)
+    if (n < 2 or st.dirty or st.lazy_old or st.rich or st.shown_stale
+            or (h0 := hits[0]) >= 0 or min(hits) != h0 or any(r[2] for r in st.pending)):
+        consume(tr, st)
+        return finalize(tr, st, skipped=False)
+    grads = [p.grad for p in st.params]
+    b, uid, first = -h0, st.uid, tr.first
+    c = first.get(b)
+    if (c is not None and c[0] != uid and c[1] < tr.phase) or any(
+            map(is_, grads, repeat(None))):  # a leak, or a gradient gone: per parameter
+        consume(tr, st)
+        return finalize(tr, st, skipped=False)
+    if c is None:
+        first[b] = (uid, tr.phase)
+    st.cur_bw = b
+    consumed = hits.copy()
+    hits.clear()  # in place: the hooks hold its append
+    acc = st.acc
+    acc.fresh += n - 1
+    acc.consumed += n - 1
+    acc.bws.add(b)
+    acc.fresh_hits.append(consumed)
+    st.lazy_old.append(consumed)
+    every = tr.norms_every
+    if every and st.step % every == 0:
+        if st.norm_plan is False:
+            st.norm_plan = _norms.GroupPlan.make(grads)  # type: ignore[arg-type,unused-ignore]
+        acc.norms = _norms.sample(grads, getattr(st.opt, "grad_scale", None), [], [], None,
+                                  False, st.norm_plan or None)
+    _mark_consumed(tr, st, grads)
+    pending = PendingStep(st, False, _NO_JUDGED, _NO_PARAMS, _NO_PARAMS)
+    st.pending = []
+    st.acc = StepAcc()
+    st.step += 1
+    tr.stepped_since_bw = True
+    if len(first) > _PRUNE_AT:
+        _prune(tr)
+    return pending
+
+
+_NO_JUDGED: dict[str, list[Any]] = {}
+_NO_PARAMS: frozenset[int] = frozenset()
+"""Shared, never written: what a step with no reset to judge hands over."""
 
 
 def _consume_fast(tr: Tracker, st: OptState) -> bool:
@@ -209,7 +268,7 @@ class PendingStep:
                  "discarded_params")
 
     def __init__(self, st: OptState, skipped: bool, judged: dict[str, list[Any]],
-                 late: set[int], discarded_params: set[int]) -> None:
+                 late: AbstractSet[int], discarded_params: AbstractSet[int]) -> None:
         self.t = time.time()
         self.opt = st.name
         self.step = st.step
@@ -235,17 +294,18 @@ class PendingStep:
         for how, params in by_how.items():
             d, after = judged.get(how, (0, False))
             discarded += d
-            resets.append(Reset.model_construct(how=how, params=sorted(params), discarded=d,
-                                                after_backward=after))
-        s = Step.model_construct(
-            seq=seq, t=self.t, opt=self.opt, step=self.step, skipped=self.skipped,
-            closure_evals=acc.closure_evals, backwards=len(acc.bws), consumed=acc.consumed,
-            fresh=acc.fresh, stale=acc.stale, leaked=acc.leaked,
-            stale_params=sorted(acc.stale_params), leaked_params=sorted(acc.leaked_params),
-            late_params=sorted(self.late), discarded=discarded,
-            discarded_params=sorted(self.discarded_params), resets=resets,
-            norm=None, fresh_norm=None, drift=None, param_norms=None,
-            param_fresh_norms=None, type="step")
+            resets.append(trusted(Reset, {"how": how, "params": sorted(params),
+                                          "discarded": d, "after_backward": after}))
+        s = trusted(Step, {
+            "seq": seq, "t": self.t, "type": "step", "opt": self.opt, "step": self.step,
+            "skipped": self.skipped, "closure_evals": acc.closure_evals,
+            "backwards": len(acc.bws), "consumed": acc.consumed, "fresh": acc.fresh,
+            "stale": acc.stale, "leaked": acc.leaked,
+            "stale_params": sorted(acc.stale_params),
+            "leaked_params": sorted(acc.leaked_params), "late_params": sorted(self.late),
+            "discarded": discarded, "discarded_params": sorted(self.discarded_params),
+            "resets": resets, "norm": None, "fresh_norm": None, "drift": None,
+            "param_norms": None, "param_fresh_norms": None})
         if acc.norms is not None:
             per, fresh, s.norm, s.fresh_norm = acc.norms.host()
             s.param_norms = per
@@ -285,9 +345,13 @@ def finalize(tr: Tracker, st: OptState, skipped: bool) -> PendingStep:
     st.step += 1
     st.in_step = False
     tr.stepped_since_bw = True
-    first = tr.first
-    if len(first) > _PRUNE_AT:
-        cut = tr.bw - _KEEP
-        tr.first = {b: v for b, v in first.items() if b >= cut}
-        tr.observed = {b for b in tr.observed if b >= cut}
+    if len(tr.first) > _PRUNE_AT:
+        _prune(tr)
     return pending
+
+
+def _prune(tr: Tracker) -> None:
+    """Forget backwards too old to matter (a long run without them)."""
+    cut = tr.bw - _KEEP
+    tr.first = {b: v for b, v in tr.first.items() if b >= cut}
+    tr.observed = {b for b in tr.observed if b >= cut}

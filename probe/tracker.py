@@ -216,8 +216,7 @@ class Tracker:
                 return args, {**kwargs, "closure": wrapped}
             # Without a closure the step reads its gradients now and nothing after:
             # the record is complete at step entry (no post-hook call per step).
-            judge.consume(self, st)
-            self.emit(judge.finalize(self, st, skipped=False))
+            self.emit(judge.plain_step(self, st))
             self.steps += 1
         except Exception as e:  # noqa: BLE001
             self.fail(e)

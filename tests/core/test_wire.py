@@ -11,10 +11,12 @@ from pydantic import ValidationError
 from gradwatch.wire import (
     FINDING_KINDS,
     IngestBatch,
+    Reset,
     Step,
     dump_record,
     json_schema,
     parse_record,
+    trusted,
 )
 from tests.core.logs import header, step
 
@@ -29,6 +31,18 @@ def test_step_round_trips_with_nan_and_inf_as_data() -> None:
     assert isinstance(back, Step)
     assert math.isnan(back.norm) and back.drift == math.inf
     assert back.param_norms == [1.5, -math.inf]
+
+
+def test_trusted_record_is_the_validated_record() -> None:
+    validated = step(4, 2, norm=float("inf"), param_norms=[0.5, None], stale=1, stale_params=[1],
+                     resets=[Reset(how="zero_", params=[0], discarded=1)])
+    fields = dict(validated.__dict__)
+    fields["resets"] = [trusted(Reset, dict(r.__dict__)) for r in validated.resets]
+    made = trusted(Step, fields)
+    assert set(fields) == set(Step.model_fields)
+    assert made == validated
+    assert dump_record(made) == dump_record(validated)
+    assert parse_record(dump_record(made)) == validated
 
 
 def test_unknown_protocol_version_is_refused_with_a_sentence() -> None:

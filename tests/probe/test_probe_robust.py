@@ -75,15 +75,15 @@ def test_internal_error_turns_probe_off_training_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     m, opt = _opt()
     calls = {"n": 0}
-    real = probe_judge.consume
+    real = probe_judge.plain_step
 
-    def broken(*a: Any, **k: Any) -> None:
+    def broken(*a: Any, **k: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("injected probe bug")
-        real(*a, **k)
+        return real(*a, **k)
 
-    monkeypatch.setattr(probe_judge, "consume", broken)
+    monkeypatch.setattr(probe_judge, "plain_step", broken)
     before = _hook_state(m, opt)
     path = tmp_path / "err.jsonl"
     caplog.set_level(logging.ERROR, logger="gradwatch.probe")

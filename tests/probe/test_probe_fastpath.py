@@ -1,0 +1,169 @@
+"""The one-pass usual step (``judge.plain_step``) writes exactly what the general way writes.
+
+Each loop runs twice from the same seed: as the probe runs it, and with every step forced
+through ``consume`` + ``finalize``. The step records (norms included, bit for bit) and the
+findings must be equal, and the first run must really have taken the one-pass way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import gradwatch
+from gradwatch.analysis import judge
+from gradwatch.probe import judge as probe_judge
+from gradwatch.steplog import read_log
+from gradwatch.wire import Reset, Step
+
+from .probe_helpers import loss_of, mlp
+
+Loop = Callable[[torch.nn.Module, torch.optim.Optimizer], None]
+
+
+def _textbook(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for i in range(6):
+        opt.zero_grad()
+        loss_of(m, i).backward()
+        opt.step()
+
+
+def _bsz_keep_zeros(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for i in range(6):
+        loss_of(m, i).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+
+def _accumulate_3(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for i in range(9):
+        loss_of(m, i).backward()
+        if i % 3 == 2:
+            opt.step()
+            opt.zero_grad()
+
+
+def _forgotten_after_3(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for i in range(7):
+        if i < 3:
+            opt.zero_grad()
+        loss_of(m, i).backward()
+        opt.step()
+
+
+def _zero_grad_once_per_epoch(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for i in range(9):
+        if i % 3 == 0:
+            opt.zero_grad()
+        loss_of(m, i).backward()
+        opt.step()
+
+
+def _late_reset_at_4(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for i in range(6):
+        opt.zero_grad()
+        loss_of(m, i).backward()
+        if i == 4:
+            opt.zero_grad()
+        opt.step()
+
+
+def _reset_inside_window(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for i in range(8):
+        loss_of(m, i).backward()
+        if i % 4 == 1:
+            opt.zero_grad()
+        if i % 4 == 3:
+            opt.step()
+            opt.zero_grad()
+
+
+def _hand_set_none(m: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for i in range(6):
+        for p in m.parameters():
+            p.grad = None
+        loss_of(m, i).backward()
+        opt.step()
+
+
+LOOPS = [_textbook, _bsz_keep_zeros, _accumulate_3, _forgotten_after_3,
+         _zero_grad_once_per_epoch, _late_reset_at_4, _reset_inside_window, _hand_set_none]
+ONE_BACKWARD_PER_STEP = {_textbook, _bsz_keep_zeros, _forgotten_after_3, _late_reset_at_4}
+"""Loops where some steps are the usual one (several backwards per step and hand resets
+always take the general way)."""
+
+
+def _run(tmp: Path, loop: Loop, norms_every: int, name: str) -> tuple[list[Any], list[Any]]:
+    m = mlp(seed=3)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    path = tmp / f"{name}.jsonl"
+    with gradwatch.watch(opt, log=path, norms_every=norms_every):
+        loop(m, opt)
+    log = read_log(path)
+    steps = [r.model_dump(exclude={"t"}) for r in log.records if isinstance(r, Step)]
+    return steps, judge([log.header, *log.records]).findings()
+
+
+def _count_general(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the steps that take the general way (``consume``) from now on."""
+    general = {"n": 0}
+    real_consume = probe_judge.consume
+
+    def counted(*a: Any, **k: Any) -> None:
+        general["n"] += 1
+        real_consume(*a, **k)
+
+    monkeypatch.setattr(probe_judge, "consume", counted)
+    return general
+
+
+@pytest.mark.parametrize("norms_every", [1, 2, 0])
+@pytest.mark.parametrize("loop", LOOPS, ids=lambda f: f.__name__.strip("_"))
+def test_one_pass_step_writes_what_the_general_way_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loop: Loop, norms_every: int) -> None:
+    general = _count_general(monkeypatch)
+    fast_steps, fast_findings = _run(tmp_path, loop, norms_every, "fast")
+    took_general = general["n"]
+
+    def always_general(tr: Any, st: Any) -> Any:
+        probe_judge.consume(tr, st)
+        return probe_judge.finalize(tr, st, skipped=False)
+
+    monkeypatch.setattr(probe_judge, "plain_step", always_general)
+    slow_steps, slow_findings = _run(tmp_path, loop, norms_every, "general")
+
+    assert fast_steps == slow_steps
+    assert [f.model_dump() for f in fast_findings] == [f.model_dump() for f in slow_findings]
+    if loop in ONE_BACKWARD_PER_STEP:
+        assert took_general < len(fast_steps)  # the one-pass way ran at least once
+
+
+def test_probe_records_name_every_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer builds records unvalidated (``wire.trusted``): each must carry every field."""
+    made: list[Step] = []
+    real = probe_judge.PendingStep.to_record
+
+    def keep(self: Any, seq: int) -> Step:
+        made.append(real(self, seq))
+        return made[-1]
+
+    monkeypatch.setattr(probe_judge.PendingStep, "to_record", keep)
+    for loop in LOOPS:
+        _run(tmp_path, loop, 1, loop.__name__)
+    assert made
+    for s in made:
+        assert set(s.__dict__) == set(Step.model_fields)
+        assert all(set(r.__dict__) == set(Reset.model_fields) for r in s.resets)
+        assert Step.model_validate(s.model_dump()) == s
+
+
+def test_textbook_loop_takes_the_one_pass_way_every_step_after_the_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    general = _count_general(monkeypatch)
+    steps, findings = _run(tmp_path, _textbook, 1, "textbook")
+    assert len(steps) == 6 and not findings
+    assert general["n"] == 0
