@@ -65,7 +65,7 @@ def consume(tr: Tracker, st: OptState, closure: bool = False) -> None:
         step = st.step
         if step % every == 0:
             if st.norm_plan is False and not any_missing:
-                st.norm_plan = _norms.GroupPlan.make(grads)  # type: ignore[arg-type,unused-ignore]
+                st.norm_plan = _norms.CpuPlan.make(grads)  # type: ignore[arg-type,unused-ignore]
             st.acc.norms = _norms.sample(grads, getattr(st.opt, "grad_scale", None), zero,
                                          mixed, st.baseline, any_missing, st.norm_plan or None)
         if st.shown_stale and (step + 1) % every == 0:
@@ -95,8 +95,10 @@ def plain_step(tr: Tracker, st: OptState) -> PendingStep:
     """
     hits = st.hits
     n = len(hits)
+    pend = st.pending
     if (n < 2 or st.dirty or st.lazy_old or st.rich or st.shown_stale
-            or (h0 := hits[0]) >= 0 or min(hits) != h0 or any(r[2] for r in st.pending)):
+            or (h0 := hits[0]) >= 0 or min(hits) != h0
+            or (pend and (len(pend) > 1 or pend[0][2]))):
         consume(tr, st)
         return finalize(tr, st, skipped=False)
     grads = [p.grad for p in st.params]
@@ -114,13 +116,12 @@ def plain_step(tr: Tracker, st: OptState) -> PendingStep:
     acc = st.acc
     acc.fresh += n - 1
     acc.consumed += n - 1
-    acc.bws.add(b)
-    acc.fresh_hits.append(consumed)
+    acc.bws.add(b)  # (no ``fresh_hits``: nothing to judge against them at this step)
     st.lazy_old.append(consumed)
     every = tr.norms_every
     if every and st.step % every == 0:
         if st.norm_plan is False:
-            st.norm_plan = _norms.GroupPlan.make(grads)  # type: ignore[arg-type,unused-ignore]
+            st.norm_plan = _norms.CpuPlan.make(grads)  # type: ignore[arg-type,unused-ignore]
         acc.norms = _norms.sample(grads, getattr(st.opt, "grad_scale", None), [], [], None,
                                   False, st.norm_plan or None)
     _mark_consumed(tr, st, grads)
@@ -296,6 +297,11 @@ class PendingStep:
             discarded += d
             resets.append(trusted(Reset, {"how": how, "params": sorted(params),
                                           "discarded": d, "after_backward": after}))
+        norm = fresh_norm = drift = per = fresh = None
+        if acc.norms is not None:
+            per, fresh, norm, fresh_norm = acc.norms.host()
+            if norm is not None and fresh_norm:  # undefined when nothing fresh
+                drift = norm / fresh_norm
         s = trusted(Step, {
             "seq": seq, "t": self.t, "type": "step", "opt": self.opt, "step": self.step,
             "skipped": self.skipped, "closure_evals": acc.closure_evals,
@@ -304,14 +310,8 @@ class PendingStep:
             "stale_params": sorted(acc.stale_params),
             "leaked_params": sorted(acc.leaked_params), "late_params": sorted(self.late),
             "discarded": discarded, "discarded_params": sorted(self.discarded_params),
-            "resets": resets, "norm": None, "fresh_norm": None, "drift": None,
-            "param_norms": None, "param_fresh_norms": None})
-        if acc.norms is not None:
-            per, fresh, s.norm, s.fresh_norm = acc.norms.host()
-            s.param_norms = per
-            s.param_fresh_norms = fresh
-            if s.norm is not None and s.fresh_norm:  # undefined when nothing fresh
-                s.drift = s.norm / s.fresh_norm
+            "resets": resets, "norm": norm, "fresh_norm": fresh_norm, "drift": drift,
+            "param_norms": per, "param_fresh_norms": fresh})
         return s
 
 

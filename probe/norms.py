@@ -1,8 +1,10 @@
-"""Gradient norms in batches: one ``_foreach_norm`` and one stacked tensor per step.
+"""Gradient norms in batches: one ``_foreach_norm`` (and on GPU one stack) per step.
 
-Nothing here reads a value back to the host except :func:`values`, used only on the rare
-suspicious path (content already consumed, no new contribution). Sampled norms stay on the
-device; the writer thread copies them to the host, so the training thread never waits.
+On a GPU nothing here reads a value back to the host except :func:`values`, used only on
+the rare suspicious path (content already consumed, no new contribution): sampled norms
+stay on the device and the writer thread copies them to the host, so the training thread
+never waits. On CPU, where reading costs no device sync, they are read at once (see
+:class:`NormSample`).
 
 Fresh norms (the contributions added since the previous step): where a parameter's
 ``.grad`` holds only fresh contributions (every clean step) the fresh norm *is* the norm,
@@ -42,13 +44,18 @@ def _norm_list(grads: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack([n.detach().float().cpu() for n in ns])
 
 
-class GroupPlan:
-    """CPU only: norms of many small same-shaped gradients as one stacked reduction.
+class CpuPlan:
+    """CPU only: the same norms as ``_foreach_norm`` + ``stack``, with less dispatch.
 
-    On CPU ``_foreach_norm`` runs one kernel per tensor, whose dispatch dominates for small
-    tensors (400 tensors of 64x64: ~1 ms); stacking each group of equal shapes and reducing
-    it once costs a third of that. Large tensors keep ``_foreach_norm`` (stacking would copy
-    them). On GPU ``_foreach_norm`` is already one fused kernel, so no plan is made.
+    - Many small same-shaped gradients: on CPU ``_foreach_norm`` runs one kernel per
+      tensor, whose dispatch dominates for small tensors (400 tensors of 64x64: ~1 ms);
+      stacking each group of equal shapes and reducing it once costs a third of that.
+      Large tensors keep ``_foreach_norm`` (stacking would copy them).
+    - No groups: the per-tensor norms are read from the list ``_foreach_norm`` returns,
+      not stacked first: the stack, cheap in a loop, costs a cold dispatch at step time.
+
+    On GPU ``_foreach_norm`` is already one fused kernel and the stacked result is copied
+    to the host once, so no plan is made.
     """
 
     _SMALL = 1 << 16
@@ -67,16 +74,16 @@ class GroupPlan:
         for j, k in enumerate(order):
             inverse[k] = j
         self.inverse = torch.tensor(inverse, dtype=torch.long)
-        self.useful = bool(self.groups)
 
     @classmethod
-    def make(cls, grads: list[torch.Tensor]) -> GroupPlan | None:
+    def make(cls, grads: list[torch.Tensor]) -> CpuPlan | None:
         if not grads or any(g.is_sparse or g.device.type != "cpu" for g in grads):
             return None
-        plan = cls(grads)
-        return plan if plan.useful else None
+        return cls(grads)
 
-    def norms(self, grads: list[torch.Tensor]) -> torch.Tensor:
+    def norms(self, grads: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+        if not self.groups:
+            return list(torch._foreach_norm(grads))
         pieces = []
         for ks in self.groups:
             stacked = torch.stack([grads[k] for k in ks])
@@ -95,23 +102,31 @@ def values(grads: list[torch.Tensor]) -> list[float]:
 
 @dataclass
 class NormSample:
-    """Norms of one step, still on the device.
+    """Norms of one step: device tensors (GPU), or host floats already (CPU).
 
     ``ks`` are the parameter indices that had a gradient; ``norms[j]`` and ``fresh[j]``
     belong to ``ks[j]``; positions in ``unknown`` have no exact fresh norm.
+
+    On GPU the tensors stay on the device and the writer thread copies them, so the
+    training thread never waits. On CPU (a :class:`CpuPlan`) they are read at once, which
+    costs no device sync: small tensors kept alive for the writer, freed later by another
+    thread, break up the heap the next steps' gradients are allocated from, and a step
+    can then pay page faults for its gradients.
     """
 
     n_params: int
     ks: Sequence[int]
-    norms: torch.Tensor
-    fresh: torch.Tensor
+    norms: torch.Tensor | list[float]
+    fresh: torch.Tensor | list[float]
     unknown: list[int]
 
     def host(self) -> tuple[list[float | None], list[float | None], float, float | None]:
         """``(norms, fresh_norms, norm, fresh_norm)`` on the host; ``None`` where unknown."""
-        nv = self.norms.tolist()
-        same = self.fresh is self.norms
-        fv = nv if same else self.fresh.tolist()
+        norms, fresh_norms = self.norms, self.fresh
+        nv: list[Any] = norms if isinstance(norms, list) else norms.tolist()
+        same = fresh_norms is norms
+        fv: list[Any] = nv if same else (fresh_norms if isinstance(fresh_norms, list)
+                              else fresh_norms.tolist())
         total = _total(nv)
         ft = None if self.unknown else (total if same else _total(fv))
         if len(self.ks) == self.n_params and not self.unknown:
@@ -133,7 +148,7 @@ def _total(xs: list[float]) -> float:
 
 def sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
            mixed: list[tuple[int, int]], baseline: list[Any] | None,
-           missing: bool = True, plan: GroupPlan | None = None) -> NormSample:
+           missing: bool = True, plan: CpuPlan | None = None) -> NormSample:
     """Norms of this step's gradients and of their fresh part.
 
     Args:
@@ -143,7 +158,7 @@ def sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
         mixed: ``(k, n_new)`` for gradients holding stale and fresh contributions.
         baseline: copies taken at the previous step (bug path), or None.
         missing: whether some entries of ``grads`` may be None.
-        plan: a :class:`GroupPlan` for these gradients (CPU), or None.
+        plan: a :class:`CpuPlan` for these gradients (CPU), or None.
     """
     enabled = _grad_enabled()
     if enabled:  # a norm of a grad that requires grad (create_graph) must not build a graph
@@ -157,25 +172,29 @@ def sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
 
 def _sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
             mixed: list[tuple[int, int]], baseline: list[Any] | None, missing: bool,
-            plan: GroupPlan | None) -> NormSample:
+            plan: CpuPlan | None) -> NormSample:
     if missing:
         ks = [k for k, g in enumerate(grads) if g is not None]
         present = [grads[k] for k in ks]
     else:
         ks = range(len(grads))  # type: ignore[assignment]
         present = grads
-    norms = None
+    planned: torch.Tensor | list[torch.Tensor] | None = None
     if plan is not None and not missing:
         try:
-            norms = plan.norms(present)  # type: ignore[arg-type]
+            planned = plan.norms(present)  # type: ignore[arg-type]
         except RuntimeError:  # shapes, dtypes or devices changed: the generic way
-            norms = None
-    if norms is None:
-        norms = _norm_list(present)  # type: ignore[arg-type]
+            planned = None
+    if isinstance(planned, list):
+        if not zero and not mixed and scale is None:  # the usual CPU step: no stack
+            host = [n.item() for n in planned]
+            return NormSample(len(grads), ks, host, host, [])
+        planned = torch.stack(planned)
+    norms = _norm_list(present) if planned is None else planned  # type: ignore[arg-type]
     if scale is not None:
         norms = norms / scale.to(norms.device)
     if not zero and not mixed:
-        return NormSample(len(grads), ks, norms, norms, [])
+        return _made(len(grads), ks, norms, norms, [], plan is not None)
     pos = {k: j for j, k in enumerate(ks)}
     fresh = norms.clone()
     if zero:
@@ -197,7 +216,16 @@ def _sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
         if scale is not None:
             dn = dn / scale.to(dn.device)
         fresh[[e[0] for e in exact]] = dn.to(fresh.device, fresh.dtype)
-    return NormSample(len(grads), ks, norms, fresh, unknown)
+    return _made(len(grads), ks, norms, fresh, unknown, plan is not None)
+
+
+def _made(n: int, ks: Sequence[int], norms: torch.Tensor, fresh: torch.Tensor,
+          unknown: list[int], cpu: bool) -> NormSample:
+    """The sample; on CPU read to the host at once (see :class:`NormSample`)."""
+    if not cpu:
+        return NormSample(n, ks, norms, fresh, unknown)
+    host = norms.tolist()
+    return NormSample(n, ks, host, host if fresh is norms else fresh.tolist(), unknown)
 
 
 def snapshot(grads: list[torch.Tensor | None]) -> list[Any]:

@@ -88,7 +88,7 @@ class OptState:
         self.dirty = False
         """``old``/``new`` may hold content (else they are all zero/empty)."""
         self.norm_plan: Any = False
-        """``False`` until made; then a :class:`~gradwatch.probe.norms.GroupPlan` or None."""
+        """``False`` until made; then a :class:`~gradwatch.probe.norms.CpuPlan` or None."""
         self.armed = False
         """True once a step consumed and no optimizer-level zero_grad followed: hooks then
         record the grad object and version of each contribution (the rare, buggy path)."""

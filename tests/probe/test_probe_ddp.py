@@ -5,7 +5,6 @@ view of one bucket sharing its version counter. Neither may look like a reset.""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -22,10 +21,11 @@ CASES = ("clean", "accumulate", "missed")
 STEPS = 6
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _worker(rank: int, world: int, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    # A file rendezvous: no port picked in advance that another process could take first.
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank,
+                            world_size=world)
     try:
         for bucket_view in (False, True):
             for case in CASES:
@@ -54,16 +54,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ddp_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2)
+    mp.spawn(_worker, args=(2, str(out)), nprocs=2)
     return out
 
 
