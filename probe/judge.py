@@ -262,7 +262,7 @@ class PendingStep:
     """A step's facts, turned into a :class:`Step` record by the writer thread.
 
     The training thread only judges the resets (``judged``); building the record (index
-    sets, reset summaries, host copies of the norms) is the writer thread's work.
+    sets, reset summaries, host copies of device norms) is the writer thread's work.
     """
 
     __slots__ = ("t", "opt", "step", "skipped", "acc", "resets", "judged", "late",
@@ -282,7 +282,7 @@ class PendingStep:
         self.discarded_params = discarded_params
 
     def to_record(self, seq: int) -> Step:
-        """The finished record (host copy of the norms happens here, in the writer)."""
+        """The finished record (device norms are copied to the host here, in the writer)."""
         acc, judged = self.acc, self.judged
         by_how: dict[str, set[int]] = {}
         for how, ks, _, hit_lists in self.resets:

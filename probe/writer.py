@@ -2,10 +2,10 @@
 
 The training thread only appends; when the buffer is full the record is dropped and counted
 (reported in ``Stats`` and ``End``). The writer thread numbers records (``seq``), copies
-sampled norms to the host, writes them with :class:`~gradwatch.steplog.StepLogWriter`,
-flushes each time it has drained the buffer (at least every second), tells the streamer
-after each flush, and feeds a :class:`~gradwatch.analysis.Judge` so the verdict is ready at
-close.
+sampled device norms to the host (GPU), writes records with
+:class:`~gradwatch.steplog.StepLogWriter`, flushes each time it has drained the buffer (at
+least every second), tells the streamer after each flush, and feeds a
+:class:`~gradwatch.analysis.Judge` so the verdict is ready at close.
 """
 
 from __future__ import annotations
