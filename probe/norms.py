@@ -74,6 +74,8 @@ class CpuPlan:
         for j, k in enumerate(order):
             inverse[k] = j
         self.inverse = torch.tensor(inverse, dtype=torch.long)
+        self.failed = False
+        """Set once the gradients stopped fitting the plan; the generic way is used after."""
 
     @classmethod
     def make(cls, grads: list[torch.Tensor]) -> CpuPlan | None:
@@ -82,7 +84,11 @@ class CpuPlan:
         return cls(grads)
 
     def norms(self, grads: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+        """The norms, in ``grads`` order; ``RuntimeError`` where the plan no longer fits
+        (shapes changed, or the model moved off the CPU: reading there would sync)."""
         if not self.groups:
+            if not all(g.is_cpu for g in grads):
+                raise RuntimeError("gradients left the CPU")
             return list(torch._foreach_norm(grads))
         pieces = []
         for ks in self.groups:
@@ -90,7 +96,10 @@ class CpuPlan:
             pieces.append(torch.linalg.vector_norm(stacked.reshape(len(ks), -1), dim=1))
         if self.rest:
             pieces.append(torch.stack(list(torch._foreach_norm([grads[k] for k in self.rest]))))
-        return torch.cat(pieces)[self.inverse]
+        out = torch.cat(pieces)[self.inverse]
+        if not out.is_cpu:
+            raise RuntimeError("gradients left the CPU")
+        return out
 
 
 def values(grads: list[torch.Tensor]) -> list[float]:
@@ -180,11 +189,12 @@ def _sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
         ks = range(len(grads))  # type: ignore[assignment]
         present = grads
     planned: torch.Tensor | list[torch.Tensor] | None = None
-    if plan is not None and not missing:
+    if plan is not None and not missing and not plan.failed:
         try:
             planned = plan.norms(present)  # type: ignore[arg-type]
-        except RuntimeError:  # shapes, dtypes or devices changed: the generic way
-            planned = None
+        except RuntimeError:  # shapes, dtypes or devices changed: the generic way from now
+            plan.failed = True
+    cpu = planned is not None
     if isinstance(planned, list):
         if not zero and not mixed and scale is None:  # the usual CPU step: no stack
             host = [n.item() for n in planned]
@@ -194,7 +204,7 @@ def _sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
     if scale is not None:
         norms = norms / scale.to(norms.device)
     if not zero and not mixed:
-        return _made(len(grads), ks, norms, norms, [], plan is not None)
+        return _made(len(grads), ks, norms, norms, [], cpu)
     pos = {k: j for j, k in enumerate(ks)}
     fresh = norms.clone()
     if zero:
@@ -216,7 +226,7 @@ def _sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
         if scale is not None:
             dn = dn / scale.to(dn.device)
         fresh[[e[0] for e in exact]] = dn.to(fresh.device, fresh.dtype)
-    return _made(len(grads), ks, norms, fresh, unknown, plan is not None)
+    return _made(len(grads), ks, norms, fresh, unknown, cpu)
 
 
 def _made(n: int, ks: Sequence[int], norms: torch.Tensor, fresh: torch.Tensor,

@@ -139,3 +139,22 @@ def test_many_small_tensors_grouped_norms(watched: Any, bug: bool) -> None:
         assert s.param_norms == pytest.approx(want, rel=1e-5)
         assert s.norm == pytest.approx(_total(want), rel=1e-5)
     assert (r.findings != []) == bug
+
+
+@pytest.mark.parametrize("shapes", [[(512, 8), (512,)], [(5, 5)] * 6], ids=["list", "groups"])
+def test_cpu_plan_never_reads_gradients_that_left_the_cpu(shapes: list[tuple[int, ...]]) -> None:
+    """On CPU the sample is read to the host at once; once the gradients live elsewhere
+    (here the meta device stands in for a GPU) the plan steps aside and nothing is read,
+    so no step would wait on a device."""
+    from gradwatch.probe import norms
+
+    cpu = [torch.randn(s) for s in shapes]
+    plan = norms.CpuPlan.make(cpu)
+    assert plan is not None
+    first = norms.sample(list(cpu), None, [], [], None, missing=False, plan=plan)
+    assert isinstance(first.norms, list)  # host floats
+    assert first.norms == pytest.approx([float(torch.linalg.vector_norm(g)) for g in cpu])
+    moved = [g.to("meta") for g in cpu]
+    later = norms.sample(list(moved), None, [], [], None, missing=False, plan=plan)
+    assert isinstance(later.norms, torch.Tensor) and later.norms.device.type == "meta"
+    assert plan.failed  # and it is not tried again
