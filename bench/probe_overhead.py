@@ -42,9 +42,11 @@ def _many() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     return m, torch.randn(64, 64), torch.randint(0, 64, (64,))
 
 
-MODES = ("baseline", "judging", "norms", "hooks", "reader")
-"""``hooks`` and ``reader`` take the cost apart (no targets): ``hooks`` is a no-op
-post-accumulate-grad hook on every parameter, the mechanism any per-parameter tracker pays;
+MODES = ("baseline", "judging", "norms", "unwritten", "hooks", "reader")
+"""``unwritten``, ``hooks`` and ``reader`` take the cost apart (no targets): ``unwritten``
+is norms every step with the records dropped instead of handed to the writer thread (what
+the writer's work costs the training thread); ``hooks`` is a no-op post-accumulate-grad
+hook on every parameter, the mechanism any per-parameter tracker pays;
 ``reader`` is a bare step pre-hook running the floor's kernels where the step reads the
 gradients (in place, not right after the step as the floor is timed) and keeping the values
 (read at once, as the probe does on CPU)."""
@@ -91,9 +93,11 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
             kept.clear()
 
     def attach(mode: str, b: int) -> Callable[[], None]:
-        if mode in ("judging", "norms"):
+        if mode in ("judging", "norms", "unwritten"):
             handle = gradwatch.watch(opt, log=tmp / f"{name}-{mode}-{b}.jsonl",
                                      norms_every=0 if mode == "judging" else 1)
+            if mode == "unwritten":
+                handle.tracker.emit = lambda _record: None
             return handle.close
         hs: list[RemovableHandle] = []
         if mode == "hooks":
@@ -137,7 +141,7 @@ def paired(t: dict[str, list[float]], steps: int) -> dict[str, float]:
     base, floor = blocks["baseline"], blocks["floor"]
     out = {"paired_judging": statistics.median(
         j / b for j, b in zip(blocks["judging"], base, strict=True))}
-    for m in ("norms", "hooks", "reader"):
+    for m in ("norms", "unwritten", "hooks", "reader"):
         per = [(x - b) / f for x, b, f in zip(blocks[m], base, floor, strict=True)]
         out[f"paired_{m}"] = statistics.median(per)
         if m == "norms":  # how much the blocks disagree: the middle half of them
@@ -161,11 +165,11 @@ def report(name: str, target: float, r: dict[str, float], clock: str) -> None:
     print(f"  paired by block      judging x{r['paired_judging']:.3f}, "
           f"norms every step = baseline + {r['paired_norms']:.2f} x floor "
           f"(middle half of blocks {r['paired_norms_q1']:.2f} to {r['paired_norms_q3']:.2f})")
-    print("  taken apart (paired, x floor): no-op hook on every parameter "
-          f"{r['paired_hooks']:.2f}, bare reader in place (the floor's kernels) "
-          f"{r['paired_reader']:.2f}, "
-          f"the rest "
-          f"{r['paired_norms'] - r['paired_hooks'] - r['paired_reader']:.2f}")
+    hooks, reader, unwritten = r["paired_hooks"], r["paired_reader"], r["paired_unwritten"]
+    print(f"  taken apart (paired, x floor): no-op hook on every parameter {hooks:.2f}, "
+          f"bare reader in place (the floor's kernels) {reader:.2f}, the probe's "
+          f"training-thread work {unwritten - hooks - reader:.2f}, "
+          f"its writer thread {r['paired_norms'] - unwritten:.2f}")
 
 
 def main() -> None:
