@@ -113,9 +113,8 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
 
     for _ in range(5):
         step()
-    order = MODES
     for b in range(blocks):
-        for mode in order[b % len(order):] + order[:b % len(order)]:  # each position alike
+        for mode in MODES[b % len(MODES):] + MODES[:b % len(MODES)]:  # each position alike
             detach = attach(mode, b)
             for _ in range(3):
                 step()

@@ -60,24 +60,26 @@ def consume(tr: Tracker, st: OptState, closure: bool = False) -> None:
         zero, mixed = _consume_slow(tr, st, grads)
         if st.acc.stale:
             st.shown_stale = True
-    every = tr.norms_every
-    if every:
-        step = st.step
-        if step % every == 0:
-            if st.norm_plan is False and not any_missing:
-                st.norm_plan = _norms.CpuPlan.make(grads)  # type: ignore[arg-type,unused-ignore]
-            st.acc.norms = _norms.sample(grads, getattr(st.opt, "grad_scale", None), zero,
-                                         mixed, st.baseline, any_missing, st.norm_plan or None)
-        if st.shown_stale and (step + 1) % every == 0:
-            st.baseline = _norms.snapshot(grads)
-        elif st.baseline is not None:
-            st.baseline = None
-    _mark_consumed(tr, st, grads)
+    _sample_and_mark(tr, st, grads, zero, mixed, any_missing)
     if closure:
         st.acc.closure_evals += 1
 
 
-def _mark_consumed(tr: Tracker, st: OptState, grads: list[Any]) -> None:
+def _sample_and_mark(tr: Tracker, st: OptState, grads: list[Any], zero: list[int],
+                     mixed: list[tuple[int, int]], missing: bool) -> None:
+    """After counting: sample the norms when due, and mark the gradients consumed."""
+    every = tr.norms_every
+    if every:
+        step = st.step
+        if step % every == 0:
+            if st.norm_plan is False and not missing:
+                st.norm_plan = _norms.CpuPlan.make(grads)
+            st.acc.norms = _norms.sample(grads, getattr(st.opt, "grad_scale", None), zero,
+                                         mixed, st.baseline, missing, st.norm_plan or None)
+        if st.shown_stale and (step + 1) % every == 0:
+            st.baseline = _norms.snapshot(grads)
+        elif st.baseline is not None:
+            st.baseline = None
     st.last_grads = grads  # identity and versions taken lazily, if ever needed
     st.refs_ready = False
     st.armed = True
@@ -86,53 +88,21 @@ def _mark_consumed(tr: Tracker, st: OptState, grads: list[Any]) -> None:
 
 
 def plain_step(tr: Tracker, st: OptState) -> PendingStep:
-    """A step without a closure: :func:`consume` and :func:`finalize` at once.
+    """A step without a closure: :func:`consume`, then :func:`finalize`.
 
-    The usual step (one backward since the last step, every gradient reset since it was
-    last consumed, no reset that threw contributions away, an optimizer that never showed
-    stale gradients) is done here in one pass with no per-parameter work but reading
-    ``.grad``; any other step takes the general way.
+    The usual step (every gradient reset since it was last consumed and none gone, no reset
+    that threw contributions away) is counted in bulk by :func:`_consume_fast` and has no
+    reset to judge, so it skips the per-parameter checks of ``consume`` and the judging
+    loop of ``finalize``.
     """
-    hits = st.hits
-    n = len(hits)
-    pend = st.pending
-    if (n < 2 or st.dirty or st.lazy_old or st.rich or st.shown_stale
-            or (h0 := hits[0]) >= 0 or min(hits) != h0
-            or (pend and (len(pend) > 1 or pend[0][2]))):
-        consume(tr, st)
-        return finalize(tr, st, skipped=False)
-    grads = [p.grad for p in st.params]
-    b, uid, first = -h0, st.uid, tr.first
-    c = first.get(b)
-    if (c is not None and c[0] != uid and c[1] < tr.phase) or any(
-            map(is_, grads, repeat(None))):  # a leak, or a gradient gone: per parameter
-        consume(tr, st)
-        return finalize(tr, st, skipped=False)
-    if c is None:
-        first[b] = (uid, tr.phase)
-    st.cur_bw = b
-    consumed = hits.copy()
-    hits.clear()  # in place: the hooks hold its append
-    acc = st.acc
-    acc.fresh += n - 1
-    acc.consumed += n - 1
-    acc.bws.add(b)  # (no ``fresh_hits``: nothing to judge against them at this step)
-    st.lazy_old.append(consumed)
-    every = tr.norms_every
-    if every and st.step % every == 0:
-        if st.norm_plan is False:
-            st.norm_plan = _norms.CpuPlan.make(grads)  # type: ignore[arg-type,unused-ignore]
-        acc.norms = _norms.sample(grads, getattr(st.opt, "grad_scale", None), [], [], None,
-                                  False, st.norm_plan or None)
-    _mark_consumed(tr, st, grads)
-    pending = PendingStep(st, False, _NO_JUDGED, _NO_PARAMS, _NO_PARAMS)
-    st.pending = []
-    st.acc = StepAcc()
-    st.step += 1
-    tr.stepped_since_bw = True
-    if len(first) > _PRUNE_AT:
-        _prune(tr)
-    return pending
+    if not (st.dirty or st.lazy_old or st.rich or any(r[2] for r in st.pending)):
+        grads = [p.grad for p in st.params]
+        if not any(map(is_, grads, repeat(None))) and _consume_fast(tr, st):
+            _sample_and_mark(tr, st, grads, [], [], False)
+            return _close_step(tr, st, PendingStep(st, False, _NO_JUDGED, _NO_PARAMS,
+                                                   _NO_PARAMS))
+    consume(tr, st)
+    return finalize(tr, st, skipped=False)
 
 
 _NO_JUDGED: dict[str, list[Any]] = {}
@@ -339,19 +309,18 @@ def finalize(tr: Tracker, st: OptState, skipped: bool) -> PendingStep:
                 else:
                     late.add(k)
                     e[1] = True
-    pending = PendingStep(st, skipped, judged, late, discarded_params)
+    return _close_step(tr, st, PendingStep(st, skipped, judged, late, discarded_params))
+
+
+def _close_step(tr: Tracker, st: OptState, pending: PendingStep) -> PendingStep:
+    """Start the optimizer's next step; forget backwards too old to matter."""
     st.pending = []
     st.acc = StepAcc()
     st.step += 1
     st.in_step = False
     tr.stepped_since_bw = True
     if len(tr.first) > _PRUNE_AT:
-        _prune(tr)
+        cut = tr.bw - _KEEP
+        tr.first = {b: v for b, v in tr.first.items() if b >= cut}
+        tr.observed = {b for b in tr.observed if b >= cut}
     return pending
-
-
-def _prune(tr: Tracker) -> None:
-    """Forget backwards too old to matter (a long run without them)."""
-    cut = tr.bw - _KEEP
-    tr.first = {b: v for b, v in tr.first.items() if b >= cut}
-    tr.observed = {b for b in tr.observed if b >= cut}

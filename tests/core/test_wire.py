@@ -39,7 +39,6 @@ def test_trusted_record_is_the_validated_record() -> None:
     fields = dict(validated.__dict__)
     fields["resets"] = [trusted(Reset, dict(r.__dict__)) for r in validated.resets]
     made = trusted(Step, fields)
-    assert set(fields) == set(Step.model_fields)
     assert made == validated
     assert dump_record(made) == dump_record(validated)
     assert parse_record(dump_record(made)) == validated

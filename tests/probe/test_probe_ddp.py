@@ -54,8 +54,8 @@ def _worker(rank: int, world: int, out: str) -> None:
     finally:
         dist.destroy_process_group()
     # Every log is closed by now. Leave without the interpreter's teardown: gloo's threads
-    # sometimes abort it ("terminate called without an active exception", 1 start in ~15
-    # here), which would fail a run whose logs are complete.
+    # sometimes abort it ("terminate called without an active exception"), which would
+    # fail a run whose logs are complete.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
