@@ -67,11 +67,21 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
     loss_fn = torch.nn.functional.cross_entropy
     modes = (*MODES, "floor")
     times: dict[str, dict[str, list[float]]] = {c: {m: [] for m in modes} for c in CLOCKS}
+    phases: dict[str, list[list[float]]] = {m: [] for m in MODES}
+    """Wall time of each phase of each timed step (:data:`PHASES`)."""
+    now = time.perf_counter
 
-    def step() -> None:
+    def step(mode: str | None = None) -> None:
+        t0 = now()
         opt.zero_grad()
-        loss_fn(model(x), y).backward()
+        t1 = now()
+        loss = loss_fn(model(x), y)
+        t2 = now()
+        loss.backward()
+        t3 = now()
         opt.step()
+        if mode is not None:  # (the same four clock reads in every mode)
+            phases[mode].append([t1 - t0, t2 - t1, t3 - t2, now() - t3])
 
     def timed(mode: str, fn: Callable[[], object]) -> None:
         t = [c() for c in CLOCKS.values()]
@@ -119,7 +129,7 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
             for _ in range(3):
                 step()
             for _ in range(steps):
-                timed(mode, step)
+                timed(mode, lambda m=mode: step(m))
                 if mode == "baseline":
                     timed("floor", floor)
             detach()
@@ -127,6 +137,26 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
     out = {c: {m: statistics.median(v) * 1e3 for m, v in t.items()} for c, t in times.items()}
     for c, t in times.items():
         out[c].update(paired(t, steps))
+    out["wall"].update(by_phase(phases, steps))
+    return out
+
+
+PHASES = ("zero_grad", "forward", "backward", "step")
+
+
+def by_phase(phases: dict[str, list[list[float]]], steps: int) -> dict[str, float]:
+    """Where each mode's cost falls: per phase, the block's median over the baseline's,
+    then the median over blocks (microseconds)."""
+    def per_block(v: list[list[float]], i: int) -> list[float]:
+        return [statistics.median(s[i] for s in v[b:b + steps])
+                for b in range(0, len(v), steps)]
+
+    out = {}
+    for i, ph in enumerate(PHASES):
+        base = per_block(phases["baseline"], i)
+        for m in MODES[1:]:
+            out[f"phase_{m}_{ph}"] = 1e6 * statistics.median(
+                x - b for x, b in zip(per_block(phases[m], i), base, strict=True))
     return out
 
 
@@ -169,6 +199,13 @@ def report(name: str, target: float, r: dict[str, float], clock: str) -> None:
           f"bare reader in place (the floor's kernels) {reader:.2f}, the probe's "
           f"training-thread work {unwritten - hooks - reader:.2f}, "
           f"its writer thread {r['paired_norms'] - unwritten:.2f}")
+    if "phase_norms_step" in r:
+        print(f"  by phase (paired, us over the baseline: {' / '.join(PHASES)}):")
+        for m, label in (("hooks", "no-op hooks"), ("reader", "bare reader"),
+                         ("judging", "judging only"), ("unwritten", "norms, unwritten"),
+                         ("norms", "norms every step")):
+            cells = " / ".join(f"{r[f'phase_{m}_{ph}']:+6.1f}" for ph in PHASES)
+            print(f"    {label:18s} {cells}")
 
 
 def main() -> None:

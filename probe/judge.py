@@ -31,9 +31,10 @@ parameter (:func:`_consume_slow`).
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Set as AbstractSet
 from itertools import repeat
-from operator import is_
+from operator import is_, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from gradwatch.probe import norms as _norms
@@ -95,7 +96,7 @@ def plain_step(tr: Tracker, st: OptState) -> PendingStep:
     reset to judge, so it skips the per-parameter checks of ``consume`` and the judging
     loop of ``finalize``.
     """
-    if not (st.dirty or st.lazy_old or st.rich or any(r[2] for r in st.pending)):
+    if not (st.dirty or st.lazy_old or st.rich or any(map(_removed, st.pending))):
         grads = [p.grad for p in st.params]
         if not any(map(is_, grads, repeat(None))) and _consume_fast(tr, st):
             _sample_and_mark(tr, st, grads, [], [], False)
@@ -105,6 +106,8 @@ def plain_step(tr: Tracker, st: OptState) -> PendingStep:
     return finalize(tr, st, skipped=False)
 
 
+_removed = itemgetter(2)
+"""A pending reset's ``[(param, removed backward ids)]``."""
 _NO_JUDGED: dict[str, list[Any]] = {}
 _NO_PARAMS: frozenset[int] = frozenset()
 """Shared, never written: what a step with no reset to judge hands over."""
@@ -258,14 +261,15 @@ class PendingStep:
         for how, ks, _, hit_lists in self.resets:
             params = by_how.setdefault(how, set())
             params.update(ks)
-            for hits in hit_lists:
-                params.update(h for h in hits if h >= 0)
+            for hits in hit_lists:  # indices and (negative) backward markers
+                params.update(hits)
         resets = []
         discarded = 0
         for how, params in by_how.items():
             d, after = judged.get(how, (0, False))
             discarded += d
-            resets.append(trusted(Reset, {"how": how, "params": sorted(params),
+            ordered = sorted(params)
+            resets.append(trusted(Reset, {"how": how, "params": ordered[bisect_left(ordered, 0):],
                                           "discarded": d, "after_backward": after}))
         norm = fresh_norm = drift = per = fresh = None
         if acc.norms is not None:

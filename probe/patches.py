@@ -27,8 +27,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("gradwatch.probe")
 
 _lock = threading.Lock()
-_active: list[Tracker] = []
-_auto: list[Tracker] = []
+_active: tuple[Tracker, ...] = ()
+_auto: tuple[Tracker, ...] = ()
+"""Open sessions (``_auto``: those of ``gradwatch run``). Tuples, replaced whole under
+``_lock``: a wrapper iterates the one it read, with no copy per call."""
 _saved: list[tuple[Any, str, Any]] = []
 
 
@@ -62,7 +64,7 @@ def _after(notify: str) -> Callable[[Any], Any]:
         @functools.wraps(orig)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             out = orig(self, *args, **kwargs)
-            for t in tuple(_active):
+            for t in _active:
                 getattr(t, notify)(self)
             return out
 
@@ -75,7 +77,7 @@ def _make_scaler_step(orig: Any) -> Any:
     @functools.wraps(orig)
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         tokens = []
-        for t in tuple(_active):
+        for t in _active:
             try:
                 tokens.append((t, t.scaler_before(optimizer)))
             except Exception as e:  # noqa: BLE001
@@ -92,7 +94,7 @@ def _make_opt_init(orig: Any) -> Any:
     @functools.wraps(orig)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
-        for t in tuple(_auto):
+        for t in _auto:
             if t.mode >= 0:
                 try:
                     t.attach(self, instance_hooks=False)
@@ -104,7 +106,7 @@ def _make_opt_init(orig: Any) -> Any:
 
 def _global_pre(opt: Any, args: Any, kwargs: Any) -> Any:
     result = None
-    for t in tuple(_auto):
+    for t in _auto:
         r = t.pre(opt, args if result is None else result[0],
                   kwargs if result is None else result[1])
         if r is not None:
@@ -113,7 +115,7 @@ def _global_pre(opt: Any, args: Any, kwargs: Any) -> Any:
 
 
 def _global_post(opt: Any, args: Any, kwargs: Any) -> None:
-    for t in tuple(_auto):
+    for t in _auto:
         t.post(opt, args, kwargs)
 
 
@@ -154,27 +156,29 @@ def _restore(which: Callable[[Any, str], bool]) -> None:
 
 def register(tracker: Tracker, auto: bool = False) -> None:
     """Route the wrappers' signals to ``tracker`` (installing them if needed)."""
+    global _active, _auto
     with _lock:
         if not _active:
             _install()
-        _active.append(tracker)
+        _active = (*_active, tracker)
         if auto:
             if not _auto:
                 _install_auto()
-            _auto.append(tracker)
+            _auto = (*_auto, tracker)
 
 
 def unregister(tracker: Tracker) -> None:
     """Stop routing to ``tracker``; the last one out restores the originals."""
+    global _active, _auto
     with _lock:
         if tracker in _auto:
-            _auto.remove(tracker)
+            _auto = tuple(t for t in _auto if t is not tracker)
             if not _auto:
                 for h in _global_handles:
                     h.remove()
                 _global_handles.clear()
                 _restore(lambda owner, attr: attr == "__init__")
         if tracker in _active:
-            _active.remove(tracker)
+            _active = tuple(t for t in _active if t is not tracker)
             if not _active:
                 _restore(lambda owner, attr: True)

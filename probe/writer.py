@@ -93,8 +93,11 @@ class RecordWriter:
 
     def _emit(self, item: Any) -> None:
         try:
-            rec = item.to_record(self._seq) if isinstance(item, PendingStep) else item
-            rec.seq = self._seq
+            if isinstance(item, PendingStep):
+                rec = item.to_record(self._seq)
+            else:
+                rec = item
+                rec.seq = self._seq
             self._seq += 1
             line = dump_record(rec)
             if self._file is not None:
