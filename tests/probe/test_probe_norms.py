@@ -158,3 +158,35 @@ def test_cpu_plan_never_reads_gradients_that_left_the_cpu(shapes: list[tuple[int
     later = norms.sample(list(moved), None, [], [], None, missing=False, plan=plan)
     assert isinstance(later.norms, torch.Tensor) and later.norms.device.type == "meta"
     assert plan.failed  # and it is not tried again
+
+
+def test_cpu_plan_chunks_groups_through_its_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups larger than one chunk, a partial last chunk, two dtypes, tensors left out of
+    the groups: every norm is the tensor's own, step after step (the buffers are reused),
+    and a plan that no longer fits the gradients steps aside instead of answering wrong."""
+    from gradwatch.probe import norms
+
+    monkeypatch.setattr(norms.CpuPlan, "_CHUNK", 3 * 4 * 16)  # three 4x4 float32 tensors
+
+    def grads(seed: int) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        return ([torch.randn(4, 4, generator=g) for _ in range(7)]  # chunks of 3, 3, 1
+                + [torch.randn(300, 300, generator=g)]  # too large to group
+                + [torch.randn(2, 3, dtype=torch.float64, generator=g) for _ in range(5)]  # 4, 1
+                + [torch.randn(9, generator=g)])  # alone in its shape
+
+    first = grads(0)
+    plan = norms.CpuPlan.make(first)
+    assert plan is not None and len(plan.groups) == 2
+    assert [len(buf) for buf, _ in plan.buffers] == [3, 4]  # float64 2x3: four a chunk
+    for seed in range(3):
+        gs = grads(seed)
+        got = plan.norms(gs)
+        assert isinstance(got, torch.Tensor)
+        want = [float(torch.linalg.vector_norm(g)) for g in gs]
+        assert got.tolist() == pytest.approx(want, rel=1e-6)
+    reshaped = [*grads(3)[:6], torch.randn(5, 5), *grads(3)[7:]]
+    s = norms.sample(list(reshaped), None, [], [], None, missing=False, plan=plan)
+    assert plan.failed
+    assert s.norms.tolist() == pytest.approx(  # type: ignore[union-attr]
+        [float(torch.linalg.vector_norm(g)) for g in reshaped], rel=1e-6)
