@@ -208,7 +208,7 @@ def sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
         try:
             host = [n.item() for n in plan.norms(grads)]  # type: ignore[arg-type]
             return NormSample(len(grads), range(len(grads)), host, host, [])
-        except RuntimeError:  # the gradients left the CPU: the generic way from now
+        except RuntimeError:  # the plan no longer fits (CpuPlan.norms): the generic way
             plan.failed = True
     enabled = _grad_enabled()
     if enabled:  # a norm of a grad that requires grad (create_graph) must not build a graph

@@ -214,3 +214,18 @@ def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
     gate.set()
     w.close()
     assert len(read_log(tmp_path / "q.jsonl").records) == 10 - w.dropped
+
+
+def test_records_are_numbered_in_order(tmp_path: Path) -> None:
+    """``seq`` counts every line of the log from the header on, steps (built by the writer
+    thread) and the other records alike: readers resume a stream from it."""
+    m, opt = _opt()
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl"):
+        for i in range(5):
+            opt.zero_grad()
+            loss_of(m, i).backward()
+            opt.step()
+    log = read_log(tmp_path / "a.jsonl")
+    kinds = {type(r).__name__ for r in log.records}
+    assert {"Step", "OptimizerInfo", "End"} <= kinds
+    assert [log.header.seq, *(r.seq for r in log.records)] == list(range(len(log.records) + 1))
