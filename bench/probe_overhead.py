@@ -144,29 +144,28 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
 PHASES = ("zero_grad", "forward", "backward", "step")
 
 
+def per_block(v: list[float], steps: int) -> list[float]:
+    """The median of each block of ``steps`` consecutive timings."""
+    return [statistics.median(v[i:i + steps]) for i in range(0, len(v), steps)]
+
+
 def by_phase(phases: dict[str, list[list[float]]], steps: int) -> dict[str, float]:
     """Where each mode's cost falls: per phase, the block's median over the baseline's,
     then the median over blocks (microseconds)."""
-    def per_block(v: list[list[float]], i: int) -> list[float]:
-        return [statistics.median(s[i] for s in v[b:b + steps])
-                for b in range(0, len(v), steps)]
-
     out = {}
     for i, ph in enumerate(PHASES):
-        base = per_block(phases["baseline"], i)
+        base = per_block([s[i] for s in phases["baseline"]], steps)
         for m in MODES[1:]:
+            mine = per_block([s[i] for s in phases[m]], steps)
             out[f"phase_{m}_{ph}"] = 1e6 * statistics.median(
-                x - b for x, b in zip(per_block(phases[m], i), base, strict=True))
+                x - b for x, b in zip(mine, base, strict=True))
     return out
 
 
 def paired(t: dict[str, list[float]], steps: int) -> dict[str, float]:
     """The probe's cost block by block (a block's modes run within a second of each other,
     so a slow spell of a shared machine hits them alike), then the median over blocks."""
-    def per_block(v: list[float]) -> list[float]:
-        return [statistics.median(v[i:i + steps]) for i in range(0, len(v), steps)]
-
-    blocks = {m: per_block(v) for m, v in t.items()}
+    blocks = {m: per_block(v, steps) for m, v in t.items()}
     base, floor = blocks["baseline"], blocks["floor"]
     out = {"paired_judging": statistics.median(
         j / b for j, b in zip(blocks["judging"], base, strict=True))}

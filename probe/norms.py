@@ -112,12 +112,13 @@ class CpuPlan:
             shape, dtype = buf.shape[1:], buf.dtype
             for i in range(0, len(ks), n):
                 part = [grads[k] for k in ks[i:i + n]]
-                # ``out=`` would resize rather than fail, so the shape is checked here, on
-                # the first (stack fails on the others if they differ from it); another
-                # float dtype among the others is read at the buffer's precision.
+                # ``out=`` would resize rather than fail, or copy across devices (a sync),
+                # so the first is checked here (stack fails on the others if their shape or
+                # device differs from it); another float dtype among the others is read at
+                # the buffer's precision.
                 g = part[0]
-                if g.shape != shape or g.dtype != dtype:
-                    raise RuntimeError("gradient shapes changed")
+                if g.shape != shape or g.dtype != dtype or not g.is_cpu:
+                    raise RuntimeError("gradients changed shape or left the CPU")
                 m = len(part)
                 chunk = torch.stack(part, out=buf if m == n else buf[:m])
                 vector_norm(chunk.view(m, -1), dim=1, out=res[i:i + m])
@@ -162,11 +163,9 @@ class NormSample:
 
     def host(self) -> tuple[list[float | None], list[float | None], float, float | None]:
         """``(norms, fresh_norms, norm, fresh_norm)`` on the host; ``None`` where unknown."""
-        norms, fresh_norms = self.norms, self.fresh
-        nv: list[Any] = norms if isinstance(norms, list) else norms.tolist()
-        same = fresh_norms is norms
-        fv: list[Any] = nv if same else (fresh_norms if isinstance(fresh_norms, list)
-                              else fresh_norms.tolist())
+        nv = _listed(self.norms)
+        same = self.fresh is self.norms
+        fv = nv if same else _listed(self.fresh)
         total = _total(nv)
         ft = None if self.unknown else (total if same else _total(fv))
         if len(self.ks) == self.n_params and not self.unknown:
@@ -179,6 +178,11 @@ class NormSample:
         for j in self.unknown:
             fresh[self.ks[j]] = None
         return per, fresh, total, ft
+
+
+def _listed(x: torch.Tensor | list[float]) -> list[Any]:
+    """Host values: read from the device (GPU), or already read (CPU)."""
+    return x if isinstance(x, list) else x.tolist()
 
 
 def _total(xs: list[float]) -> float:
@@ -200,16 +204,14 @@ def sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
         missing: whether some entries of ``grads`` may be None.
         plan: a :class:`CpuPlan` for these gradients (CPU), or None.
     """
-    if not (missing or zero or mixed) and scale is None and plan is not None and not (
-            plan.groups or plan.failed):
+    if not (missing or zero or mixed) and scale is None and plan is not None and not plan.groups:
         # The usual CPU step, read at once: the norms of gradients that require grad
         # (create_graph) do build a graph, but it is freed with them right here, so this
         # way skips the grad-mode switch (three calls, a measurable part of its cost).
-        try:
-            host = [n.item() for n in plan.norms(grads)]  # type: ignore[arg-type]
+        listed = _planned(plan, grads)  # type: ignore[arg-type]
+        if listed is not None:
+            host = [n.item() for n in listed]
             return NormSample(len(grads), range(len(grads)), host, host, [])
-        except RuntimeError:  # the plan no longer fits (CpuPlan.norms): the generic way
-            plan.failed = True
     enabled = _grad_enabled()
     if enabled:  # a norm of a grad that requires grad (create_graph) must not build a graph
         _set_grad_enabled(False)  # (cheaper than entering ``torch.no_grad()`` per step)
@@ -229,12 +231,7 @@ def _sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
     else:
         ks = range(len(grads))  # type: ignore[assignment]
         present = grads
-    planned: torch.Tensor | list[torch.Tensor] | None = None
-    if plan is not None and not missing and not plan.failed:
-        try:
-            planned = plan.norms(present)  # type: ignore[arg-type]
-        except RuntimeError:  # shapes, dtypes or devices changed: the generic way from now
-            plan.failed = True
+    planned = None if missing else _planned(plan, present)  # type: ignore[arg-type]
     cpu = planned is not None
     if isinstance(planned, list):
         planned = torch.stack(planned)
@@ -265,6 +262,18 @@ def _sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
             dn = dn / scale.to(dn.device)
         fresh[[e[0] for e in exact]] = dn.to(fresh.device, fresh.dtype)
     return _made(len(grads), ks, norms, fresh, unknown, cpu)
+
+
+def _planned(plan: CpuPlan | None, grads: list[torch.Tensor]
+             ) -> torch.Tensor | list[torch.Tensor] | None:
+    """The plan's norms; None without a plan, or once it stopped fitting (then for good)."""
+    if plan is None or plan.failed:
+        return None
+    try:
+        return plan.norms(grads)
+    except RuntimeError:  # shapes, dtypes or devices changed: the generic way from now
+        plan.failed = True
+        return None
 
 
 def _made(n: int, ks: Sequence[int], norms: torch.Tensor, fresh: torch.Tensor,
