@@ -2,7 +2,8 @@
 
 Two models: an MLP 784-512-512-10 (batch 64) and a many-tensor model (200 x Linear(64, 64),
 400 parameter tensors). The *floor* is the norm kernels alone on the same gradients
-(``torch._foreach_norm``), what any reader of the gradients has to pay.
+(``torch._foreach_norm``), what any reader of the gradients has to pay; next to it, the
+probe's own CPU norms alone (:class:`~gradwatch.probe.norms.CpuPlan`, values read).
 Modes are measured side by side in interleaved blocks, their order rotating from block to
 block, so drift in machine speed hits all of them alike. Targets: judging <= 1.03x baseline
 (MLP), <= 1.05x (many-tensor); norms every step <= baseline + 1.5 x floor.
@@ -28,6 +29,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 import gradwatch
+from gradwatch.probe.norms import CpuPlan
 
 
 def _mlp() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
@@ -65,7 +67,7 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9)
     loss_fn = torch.nn.functional.cross_entropy
-    modes = (*MODES, "floor")
+    modes = (*MODES, "floor", "kernels")
     times: dict[str, dict[str, list[float]]] = {c: {m: [] for m in modes} for c in CLOCKS}
     phases: dict[str, list[list[float]]] = {m: [] for m in MODES}
     """Wall time of each phase of each timed step (:data:`PHASES`)."""
@@ -94,6 +96,16 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
 
     def floor() -> None:  # the norm kernels alone, on these same gradients
         norms_of([p.grad for p in params])
+
+    plans: list[CpuPlan | None] = []
+
+    def kernels() -> None:  # the probe's own CPU norms, alone, on these same gradients
+        grads = [p.grad for p in params]
+        if not plans:
+            plans.append(CpuPlan.make(grads))
+        plan = plans[0]
+        assert plan is not None and not plan.failed
+        plan.norms(grads)
 
     kept: list[list[float]] = []
 
@@ -132,6 +144,7 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
                 timed(mode, lambda m=mode: step(m))
                 if mode == "baseline":
                     timed("floor", floor)
+                    timed("kernels", kernels)
             detach()
             kept.clear()
     out = {c: {m: statistics.median(v) * 1e3 for m, v in t.items()} for c, t in times.items()}
@@ -190,6 +203,8 @@ def report(name: str, target: float, r: dict[str, float], clock: str) -> None:
           f"{'ok' if norms <= budget else 'MISS'})")
     print(f"  floor (norms alone)  {floor:8.3f}   "
           f"probe cost with norms = {(norms - base) / floor:.2f} x floor")
+    print(f"  the probe's own norm kernels alone (CpuPlan, values read) {r['kernels']:.3f}"
+          f" = {r['kernels'] / floor:.2f} x floor")
     print(f"  paired by block      judging x{r['paired_judging']:.3f}, "
           f"norms every step = baseline + {r['paired_norms']:.2f} x floor "
           f"(middle half of blocks {r['paired_norms_q1']:.2f} to {r['paired_norms_q3']:.2f})")

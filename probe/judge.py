@@ -73,10 +73,16 @@ def _sample_and_mark(tr: Tracker, st: OptState, grads: list[Any], zero: list[int
     if every:
         step = st.step
         if step % every == 0:
-            if st.norm_plan is False and not missing:
-                st.norm_plan = _norms.CpuPlan.make(grads)
-            st.acc.norms = _norms.sample(grads, getattr(st.opt, "grad_scale", None), zero,
-                                         mixed, st.baseline, missing, st.norm_plan or None)
+            plan = st.norm_plan
+            if plan is False and not missing:
+                plan = st.norm_plan = _norms.CpuPlan.make(grads)
+            scale = getattr(st.opt, "grad_scale", None)
+            if (plan and not (plan.groups or plan.failed or missing or zero or mixed)
+                    and scale is None and (read := plan.read(grads)) is not None):
+                st.acc.norms = read  # the usual CPU step, all fresh: read at once
+            else:
+                st.acc.norms = _norms.sample(grads, scale, zero, mixed, st.baseline, missing,
+                                             plan or None)
         if st.shown_stale and (step + 1) % every == 0:
             st.baseline = _norms.snapshot(grads)
         elif st.baseline is not None:
@@ -273,7 +279,7 @@ class PendingStep:
                                           "discarded": d, "after_backward": after}))
         norm = fresh_norm = drift = per = fresh = None
         if acc.norms is not None:
-            per, fresh, norm, fresh_norm = acc.norms.host()
+            per, fresh, norm, fresh_norm = _norms.on_host(acc.norms)
             if norm is not None and fresh_norm:  # undefined when nothing fresh
                 drift = norm / fresh_norm
         s = trusted(Step, {

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from math import sqrt
 from operator import attrgetter, mul
 from typing import Any
 
@@ -26,6 +27,9 @@ import torch
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _is_cpu = attrgetter("is_cpu")
+_dtype = attrgetter("dtype")
+_ravel = torch.Tensor.ravel
+_DOT_DTYPES = frozenset((torch.float32, torch.float64))
 
 
 def _norm_list(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -56,8 +60,13 @@ class CpuPlan:
       a copy of it (3.2 MB there), and the allocator hands blocks that size back to the
       system: the next forward and backward then pay page faults for their own tensors.
       Large tensors keep ``_foreach_norm``.
-    - No groups: the per-tensor norms are read from the list ``_foreach_norm`` returns,
-      not stacked first: the stack, cheap in a loop, costs a cold dispatch at step time.
+    - No groups, float32 or float64 contiguous gradients (the usual model): each norm is
+      the square root of a BLAS dot of the gradient with itself, read at once; on CPU that
+      costs less than ``vector_norm``'s generic reduction (see ``bench/probe_overhead.py``).
+      Both sum the squares in the gradient's dtype, so they overflow to Inf and underflow
+      to 0 alike, and NaN stays NaN. A half-precision dot overflows where ``vector_norm``
+      does not: other dtypes keep ``_foreach_norm``, read from its list without a stack
+      (cheap in a loop, a cold dispatch at step time).
 
     On GPU ``_foreach_norm`` is already one fused kernel and the stacked result is copied
     to the host once, so no plan is made.
@@ -88,6 +97,10 @@ class CpuPlan:
         for j, k in enumerate(order):
             inverse[k] = j
         self.inverse = torch.tensor(inverse, dtype=torch.long)
+        self.dot = not self.groups and all(
+            g.dtype in _DOT_DTYPES and g.is_contiguous() for g in grads)
+        """No groups, and every gradient float32 or float64 and contiguous (a dot would copy
+        a strided one first)."""
         self.failed = False
         """Set once the gradients stopped fitting the plan; the generic way is used after."""
 
@@ -97,14 +110,39 @@ class CpuPlan:
             return None
         return cls(grads)
 
-    def norms(self, grads: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
-        """The norms, in ``grads`` order; ``RuntimeError`` where the plan no longer fits
-        (shapes or dtypes changed, or the model moved off the CPU: reading there would
-        sync)."""
+    def norms(self, grads: list[torch.Tensor]) -> torch.Tensor | list[float] | None:
+        """The norms, in ``grads`` order: on the host without groups (:meth:`read`), else a
+        tensor; None, and the plan retired for good, where it no longer fits (shapes or
+        dtypes changed, or the model moved off the CPU: reading there would sync)."""
         if not self.groups:
+            return self.read(grads)
+        try:
+            return self._grouped(grads)
+        except RuntimeError:
+            self.failed = True
+            return None
+
+    def read(self, grads: list[torch.Tensor]) -> list[float] | None:
+        """A plan without groups: the norms read to the host at once (the usual CPU step);
+        None, and the plan retired, where they no longer fit.
+
+        Norms of gradients that require grad (``create_graph``) do build a graph, freed with
+        them right here, so no grad-mode switch is needed (it costs three calls a step).
+        """
+        try:
             if not all(map(_is_cpu, grads)):
                 raise RuntimeError("gradients left the CPU")
-            return list(torch._foreach_norm(grads))
+            if not self.dot:
+                return [n.item() for n in torch._foreach_norm(grads)]
+            if not _DOT_DTYPES.issuperset(map(_dtype, grads)):
+                raise RuntimeError("gradients changed dtype")
+            dot = torch.dot
+            return [sqrt(dot(v, v).item()) for v in map(_ravel, grads)]
+        except RuntimeError:  # (a gradient turned sparse, too)
+            self.failed = True
+            return None
+
+    def _grouped(self, grads: list[torch.Tensor]) -> torch.Tensor:
         pieces = []
         vector_norm = torch.linalg.vector_norm
         for ks, (buf, res) in zip(self.groups, self.buffers, strict=True):
@@ -180,6 +218,16 @@ class NormSample:
         return per, fresh, total, ft
 
 
+def on_host(sample: NormSample | list[float]
+            ) -> tuple[list[float | None], list[float | None], float, float | None]:
+    """``(norms, fresh_norms, norm, fresh_norm)`` of a sample on the host. A list is the
+    usual CPU step's :meth:`CpuPlan.read`: every parameter, all of it fresh."""
+    if isinstance(sample, list):
+        total = _total(sample)
+        return sample, sample, total, total  # type: ignore[return-value]
+    return sample.host()
+
+
 def _listed(x: torch.Tensor | list[float]) -> list[Any]:
     """Host values: read from the device (GPU), or already read (CPU)."""
     return x if isinstance(x, list) else x.tolist()
@@ -204,14 +252,6 @@ def sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
         missing: whether some entries of ``grads`` may be None.
         plan: a :class:`CpuPlan` for these gradients (CPU), or None.
     """
-    if not (missing or zero or mixed) and scale is None and plan is not None and not plan.groups:
-        # The usual CPU step, read at once: the norms of gradients that require grad
-        # (create_graph) do build a graph, but it is freed with them right here, so this
-        # way skips the grad-mode switch (three calls, a measurable part of its cost).
-        listed = _planned(plan, grads)  # type: ignore[arg-type]
-        if listed is not None:
-            host = [n.item() for n in listed]
-            return NormSample(len(grads), range(len(grads)), host, host, [])
     enabled = _grad_enabled()
     if enabled:  # a norm of a grad that requires grad (create_graph) must not build a graph
         _set_grad_enabled(False)  # (cheaper than entering ``torch.no_grad()`` per step)
@@ -231,10 +271,11 @@ def _sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
     else:
         ks = range(len(grads))  # type: ignore[assignment]
         present = grads
-    planned = None if missing else _planned(plan, present)  # type: ignore[arg-type]
+    planned = (None if missing or plan is None or plan.failed
+               else plan.norms(present))  # type: ignore[arg-type]
     cpu = planned is not None
-    if isinstance(planned, list):
-        planned = torch.stack(planned)
+    if isinstance(planned, list):  # host values already
+        planned = torch.tensor(planned, dtype=torch.float64)
     norms = _norm_list(present) if planned is None else planned  # type: ignore[arg-type]
     if scale is not None:
         norms = norms / scale.to(norms.device)
@@ -262,18 +303,6 @@ def _sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
             dn = dn / scale.to(dn.device)
         fresh[[e[0] for e in exact]] = dn.to(fresh.device, fresh.dtype)
     return _made(len(grads), ks, norms, fresh, unknown, cpu)
-
-
-def _planned(plan: CpuPlan | None, grads: list[torch.Tensor]
-             ) -> torch.Tensor | list[torch.Tensor] | None:
-    """The plan's norms; None without a plan, or once it stopped fitting (then for good)."""
-    if plan is None or plan.failed:
-        return None
-    try:
-        return plan.norms(grads)
-    except RuntimeError:  # shapes, dtypes or devices changed: the generic way from now
-        plan.failed = True
-        return None
 
 
 def _made(n: int, ks: Sequence[int], norms: torch.Tensor, fresh: torch.Tensor,

@@ -44,7 +44,8 @@ class StepAcc:
         self.bws: set[int] = set()
         self.closure_evals = 0
         self.norms: Any = None
-        """A :class:`~gradwatch.probe.norms.NormSample`, or None when not sampled."""
+        """A :class:`~gradwatch.probe.norms.NormSample` or the host floats of
+        :meth:`~gradwatch.probe.norms.CpuPlan.read`, or None when not sampled."""
 
     def had_fresh(self, k: int) -> bool:
         """Whether parameter ``k`` got a fresh contribution consumed at this step."""
