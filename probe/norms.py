@@ -61,12 +61,11 @@ class CpuPlan:
       system: the next forward and backward then pay page faults for their own tensors.
       Large tensors keep ``_foreach_norm``.
     - No groups, float32 or float64 contiguous gradients (the usual model): each norm is
-      the square root of a BLAS dot of the gradient with itself, read at once; on CPU that
+      the square root of a BLAS dot of the gradient with itself, all read at once; on CPU that
       costs less than ``vector_norm``'s generic reduction (see ``bench/probe_overhead.py``).
       Both sum the squares in the gradient's dtype, so they overflow to Inf and underflow
       to 0 alike, and NaN stays NaN. A half-precision dot overflows where ``vector_norm``
-      does not: other dtypes keep ``_foreach_norm``, read from its list without a stack
-      (cheap in a loop, a cold dispatch at step time).
+      does not: other dtypes keep ``_foreach_norm``.
 
     On GPU ``_foreach_norm`` is already one fused kernel and the stacked result is copied
     to the host once, so no plan is made.
@@ -123,8 +122,8 @@ class CpuPlan:
             return None
 
     def read(self, grads: list[torch.Tensor]) -> list[float] | None:
-        """A plan without groups: the norms read to the host at once (the usual CPU step);
-        None, and the plan retired, where they no longer fit.
+        """A plan without groups: the norms read to the host at once, in one copy (the usual
+        CPU step); None, and the plan retired, where they no longer fit.
 
         Norms of gradients that require grad (``create_graph``) do build a graph, freed with
         them right here, so no grad-mode switch is needed (it costs three calls a step).
@@ -133,11 +132,12 @@ class CpuPlan:
             if not all(map(_is_cpu, grads)):
                 raise RuntimeError("gradients left the CPU")
             if not self.dot:
-                return [n.item() for n in torch._foreach_norm(grads)]
+                return torch.stack(torch._foreach_norm(grads)).tolist()
             if not _DOT_DTYPES.issuperset(map(_dtype, grads)):
                 raise RuntimeError("gradients changed dtype")
             dot = torch.dot
-            return [sqrt(dot(v, v).item()) for v in map(_ravel, grads)]
+            squares = torch.stack([dot(v, v) for v in map(_ravel, grads)]).tolist()
+            return list(map(sqrt, squares))
         except RuntimeError:  # (a gradient turned sparse, too)
             self.failed = True
             return None
