@@ -51,7 +51,7 @@ the writer's work costs the training thread); ``hooks`` is a no-op post-accumula
 hook on every parameter, the mechanism any per-parameter tracker pays;
 ``reader`` is a bare step pre-hook running the floor's kernels where the step reads the
 gradients (in place, not right after the step as the floor is timed) and keeping the values
-(read at once, as the probe does on CPU)."""
+(read at once in one copy, as the probe does on CPU)."""
 
 Clock = Callable[[], float]
 CLOCKS: dict[str, Clock] = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -105,12 +105,12 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
             plans.append(CpuPlan.make(grads))
         plan = plans[0]
         assert plan is not None and not plan.failed
-        plan.norms(grads)
+        plan.read(grads)
 
     kept: list[list[float]] = []
 
     def reader(*_: object) -> None:  # the same kernels where the step reads the gradients,
-        kept.append([n.item() for n in norms_of([p.grad for p in params])])  # values kept
+        kept.append(torch.stack(norms_of([p.grad for p in params])).tolist())  # values kept
         if len(kept) > 32:
             kept.clear()
 

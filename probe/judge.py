@@ -77,9 +77,11 @@ def _sample_and_mark(tr: Tracker, st: OptState, grads: list[Any], zero: list[int
             if plan is False and not missing:
                 plan = st.norm_plan = _norms.CpuPlan.make(grads)
             scale = getattr(st.opt, "grad_scale", None)
+            # The usual CPU step, all fresh, read at once; groups go through ``sample``,
+            # whose grad mode is off (their ``out=`` buffers refuse a create_graph grad).
             if (plan and not (plan.groups or plan.failed or missing or zero or mixed)
                     and scale is None and (read := plan.read(grads)) is not None):
-                st.acc.norms = read  # the usual CPU step, all fresh: read at once
+                st.acc.norms = read
             else:
                 st.acc.norms = _norms.sample(grads, scale, zero, mixed, st.baseline, missing,
                                              plan or None)

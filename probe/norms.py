@@ -1,4 +1,5 @@
-"""Gradient norms in batches: one ``_foreach_norm`` (and on GPU one stack) per step.
+"""Gradient norms in batches, once per step: on GPU one ``_foreach_norm`` and one stack; on
+CPU a :class:`CpuPlan`.
 
 On a GPU nothing here reads a value back to the host except :func:`values`, used only on
 the rare suspicious path (content already consumed, no new contribution): sampled norms
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from math import sqrt
 from operator import attrgetter, mul
 from typing import Any
 
@@ -110,38 +110,34 @@ class CpuPlan:
             return None
         return cls(grads)
 
-    def norms(self, grads: list[torch.Tensor]) -> torch.Tensor | list[float] | None:
-        """The norms, in ``grads`` order: on the host without groups (:meth:`read`), else a
-        tensor; None, and the plan retired for good, where it no longer fits (shapes or
-        dtypes changed, or the model moved off the CPU: reading there would sync)."""
-        if not self.groups:
-            return self.read(grads)
+    def norms(self, grads: list[torch.Tensor]) -> torch.Tensor | None:
+        """The norms, in ``grads`` order, as one CPU tensor; None, and the plan retired for
+        good, where it no longer fits (shapes or dtypes changed, a gradient turned sparse,
+        or the model moved off the CPU: reading there would sync)."""
         try:
-            return self._grouped(grads)
+            return self._grouped(grads) if self.groups else self._flat(grads)
         except RuntimeError:
             self.failed = True
             return None
 
     def read(self, grads: list[torch.Tensor]) -> list[float] | None:
-        """A plan without groups: the norms read to the host at once, in one copy (the usual
-        CPU step); None, and the plan retired, where they no longer fit.
+        """:meth:`norms` on the host, in one copy: the usual CPU step reads them at once.
 
         Norms of gradients that require grad (``create_graph``) do build a graph, freed with
         them right here, so no grad-mode switch is needed (it costs three calls a step).
         """
-        try:
-            if not all(map(_is_cpu, grads)):
-                raise RuntimeError("gradients left the CPU")
-            if not self.dot:
-                return torch.stack(torch._foreach_norm(grads)).tolist()
-            if not _DOT_DTYPES.issuperset(map(_dtype, grads)):
-                raise RuntimeError("gradients changed dtype")
-            dot = torch.dot
-            squares = torch.stack([dot(v, v) for v in map(_ravel, grads)]).tolist()
-            return list(map(sqrt, squares))
-        except RuntimeError:  # (a gradient turned sparse, too)
-            self.failed = True
-            return None
+        out = self.norms(grads)
+        return None if out is None else out.tolist()
+
+    def _flat(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        if not all(map(_is_cpu, grads)):
+            raise RuntimeError("gradients left the CPU")
+        if not self.dot:
+            return torch.stack(torch._foreach_norm(grads))
+        if not _DOT_DTYPES.issuperset(map(_dtype, grads)):
+            raise RuntimeError("gradients changed dtype")
+        dot = torch.dot
+        return torch.stack([dot(v, v) for v in map(_ravel, grads)]).sqrt_()
 
     def _grouped(self, grads: list[torch.Tensor]) -> torch.Tensor:
         pieces = []
@@ -275,8 +271,6 @@ def _sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
     planned = (None if missing or plan is None or plan.failed
                else plan.norms(present))  # type: ignore[arg-type]
     cpu = planned is not None
-    if isinstance(planned, list):  # host values already
-        planned = torch.tensor(planned, dtype=torch.float64)
     norms = _norm_list(present) if planned is None else planned  # type: ignore[arg-type]
     if scale is not None:
         norms = norms / scale.to(norms.device)

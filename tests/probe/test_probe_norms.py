@@ -205,7 +205,7 @@ def test_cpu_plan_dot_norms_are_vector_norms_to_the_edges_of_float32() -> None:
              torch.randn(5, dtype=torch.float64, generator=g) * 1e100]
     plan = norms.CpuPlan.make(grads)
     assert plan is not None and plan.dot and not plan.groups
-    got = plan.norms(grads)
+    got = plan.read(grads)
     assert isinstance(got, list)  # host floats
     want = [float(torch.linalg.vector_norm(x)) for x in grads]
     assert got[1] == want[1] == math.inf and got[2] == want[2] == 0.0  # float32's edges
@@ -218,8 +218,8 @@ def test_cpu_plan_dot_norms_are_vector_norms_to_the_edges_of_float32() -> None:
     assert plan.norms(halves) is None and plan.failed  # the model went half: it steps aside
     half_plan = norms.CpuPlan.make(halves)
     assert half_plan is not None and not half_plan.dot
-    assert half_plan.norms(halves) == pytest.approx(
-        [float(torch.linalg.vector_norm(h)) for h in halves])
-    assert math.isfinite(half_plan.norms(halves)[0])  # 300 in half: its dot would be Inf
+    read = half_plan.read(halves)
+    assert read == pytest.approx([float(torch.linalg.vector_norm(h)) for h in halves])
+    assert read is not None and math.isfinite(read[0])  # 300 in half: its dot would be Inf
     strided = norms.CpuPlan.make([normal.t(), normal])
     assert strided is not None and not strided.dot  # a transposed gradient: no copy to dot
