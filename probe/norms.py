@@ -61,9 +61,9 @@ class CpuPlan:
       system: the next forward and backward then pay page faults for their own tensors.
       Large tensors keep ``_foreach_norm``.
     - No groups, float32 or float64 contiguous gradients (the usual model): each norm is
-      the square root of a BLAS dot of the gradient with itself, all read at once. In place
-      at step time on the MLP of ``bench/probe_overhead.py`` it cost less than
-      ``vector_norm``'s generic CPU reduction (the gradients are cold from the backward).
+      the square root of a BLAS dot of the gradient with itself, all read at once. In A/B
+      scripts on the MLP of ``bench/probe_overhead.py`` it cost less in place at step time
+      (gradients cold from the backward) than ``vector_norm``'s generic CPU reduction.
       Both sum the squares in the gradient's dtype, so they overflow to Inf and underflow
       to 0 alike, and NaN stays NaN. A half-precision dot overflows where ``vector_norm``
       does not: other dtypes keep ``_foreach_norm``.
