@@ -1,11 +1,13 @@
 """Cheaper stand-ins for public torch calls on the per-step path, each with a fallback.
 
-The step pre-hook runs once per optimizer step and must stay out of ``torch.compile``'s
-tracing. ``torch.compiler.disable`` does that with a generic wrapper (a stance lookup, an
-export check and four frame-evaluation switches per call); :func:`no_compile` does the
-same three things with the same torch internals, and nothing else: turn frame
-evaluation off around the call, keep its own frame out of Dynamo, and carry the markers
-Dynamo's tracer reads to graph-break instead of inlining the hook.
+The step pre-hook runs once per optimizer step, and the backward wrapper once per
+backward; both must stay out of ``torch.compile``'s tracing. ``torch.compiler.disable``
+does that with a generic wrapper (a stance lookup, an export check and four
+frame-evaluation switches per call); :func:`no_compile` does the same three things with
+the same torch internals, and nothing else: turn frame evaluation off around the call,
+keep its own frame out of Dynamo, and carry the markers Dynamo's tracer reads to
+graph-break instead of inlining the hook. The backward wrapper only takes the last two
+(:func:`skip_tracing`): the user's own code that the backward runs may be compiled.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ def no_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` wrapped so that TorchDynamo neither traces into it nor compiles under it."""
     try:
         from torch._C._dynamo.eval_frame import set_eval_frame
-        from torch._dynamo.eval_frame import skip_code
     except ImportError:  # another torch layout: the public, slower way
         return torch.compiler.disable(fn)
 
@@ -31,8 +32,19 @@ def no_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             set_eval_frame(prior)
 
-    skip_code(call.__code__)
-    call._torchdynamo_disable = True  # type: ignore[attr-defined]
-    call._torchdynamo_disable_msg = "gradwatch's optimizer step hook"  # type: ignore[attr-defined]
-    call._torchdynamo_orig_callable = fn  # type: ignore[attr-defined]
-    return call
+    return skip_tracing(call, "gradwatch's optimizer step hook", fn)
+
+
+def skip_tracing(fn: Callable[..., Any], why: str,
+                 orig: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """Mark ``fn`` so that Dynamo never compiles its frame and graph-breaks at a call to it
+    instead of inlining it; frames it calls compile as usual. Returns ``fn``."""
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:  # another torch layout: Dynamo traces it like user code
+        return fn
+    skip_code(fn.__code__)
+    fn._torchdynamo_disable = True  # type: ignore[attr-defined]
+    fn._torchdynamo_disable_msg = why  # type: ignore[attr-defined]
+    fn._torchdynamo_orig_callable = orig or fn  # type: ignore[attr-defined]
+    return fn

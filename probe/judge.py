@@ -50,6 +50,7 @@ _KEEP = 20_000
 
 def consume(tr: Tracker, st: OptState, closure: bool = False) -> None:
     """Count what the optimizer reads now; mark it consumed."""
+    st.pull()
     grads = [p.grad for p in st.params]
     any_missing = any(map(is_, grads, repeat(None)))
     fast = not (st.dirty or st.lazy_old or st.rich)
@@ -104,6 +105,7 @@ def plain_step(tr: Tracker, st: OptState) -> PendingStep:
     reset to judge, so it skips the per-parameter checks of ``consume`` and the judging
     loop of ``finalize``.
     """
+    st.pull()
     if not (st.dirty or st.lazy_old or st.rich or any(map(_removed, st.pending))):
         grads = [p.grad for p in st.params]
         if not any(map(is_, grads, repeat(None))) and _consume_fast(tr, st):
@@ -122,7 +124,7 @@ _NO_PARAMS: frozenset[int] = frozenset()
 
 
 def _consume_fast(tr: Tracker, st: OptState) -> bool:
-    """The usual step: no gradient holds consumed content. Counts the raw hits in bulk.
+    """The usual step: no gradient holds consumed content. Counts the hits in bulk.
 
     Returns False (changing nothing) when a leak needs the per-parameter path.
     """
@@ -146,8 +148,7 @@ def _consume_fast(tr: Tracker, st: OptState) -> bool:
         first.setdefault(b, (uid, phase))
     if marks:
         st.cur_bw = -hits[marks[-1]]
-    consumed = hits.copy()
-    hits.clear()  # in place: the hooks hold its append
+    consumed, st.hits = hits, []
     total = n - len(marks)
     acc = st.acc
     acc.fresh += total

@@ -4,7 +4,9 @@ There is no zero_grad hook in PyTorch and GradScaler skips ``optimizer.step()`` 
 hook firing, so while a session is open ``Optimizer.zero_grad``, ``Module.zero_grad`` and
 ``GradScaler.step`` are wrapped (extra signals that label resets and see skipped steps;
 the truth stays the state of ``.grad``), and ``Optimizer.add_param_group`` too, so that
-parameters added later (progressive unfreezing) are tracked. In ``gradwatch run`` mode
+parameters added later (progressive unfreezing) are tracked. ``torch.autograd.backward``
+(which ``Tensor.backward`` calls) is wrapped to mark where each backward pass starts, once
+per backward instead of a check in every parameter's hook. In ``gradwatch run`` mode
 ``Optimizer.__init__`` is wrapped too, to attach to each optimizer the script creates. The
 last session to close restores the originals.
 """
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradwatch.probe.compat import no_compile
+from gradwatch.probe.compat import no_compile, skip_tracing
 
 if TYPE_CHECKING:
     from gradwatch.probe.tracker import Tracker
@@ -90,6 +92,24 @@ def _make_scaler_step(orig: Any) -> Any:
     return step
 
 
+_graph_task_id = torch._C._current_graph_task_id
+
+
+def _make_backward(orig: Any) -> Any:
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        if not _active or _graph_task_id() != -1:  # nested: part of the running backward
+            return orig(*args, **kwargs)
+        armed = [(t, a) for t in _active if (a := t.begin()) is not None]
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            for t, a in armed:
+                t.end(a)
+
+    functools.update_wrapper(backward, orig)
+    return skip_tracing(backward, "gradwatch's backward marker")
+
+
 def _make_opt_init(orig: Any) -> Any:
     @functools.wraps(orig)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -126,6 +146,7 @@ def _install() -> None:
     _wrap(torch.optim.Optimizer, "zero_grad", _after("opt_zero_grad"))
     _wrap(torch.nn.Module, "zero_grad", _after("module_zero_grad"))
     _wrap(torch.optim.Optimizer, "add_param_group", _after("opt_add_param_group"))
+    _wrap(torch.autograd, "backward", _make_backward)
     for cls in _scaler_classes():
         _wrap(cls, "step", _make_scaler_step)
 

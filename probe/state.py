@@ -9,6 +9,11 @@ For each parameter of a watched optimizer this keeps:
   the last observation, to tell an accumulation (same object, version + 1) from a reset
   (another object, or an in-place change of content already consumed).
 
+The hooks only append: each parameter's post-accumulate-grad hook is the bound ``append``
+of its optimizer's ``incoming`` list (no Python frame per parameter), and the wrapper of
+``torch.autograd.backward`` appends a ``-bw`` marker before each backward pass. The lists
+are turned into parameter indices once, when a step or a reset reads them (:meth:`pull`).
+
 Resets append to ``pending``; the step that follows judges them.
 """
 
@@ -56,7 +61,8 @@ class OptState:
     """Everything the probe tracks for one optimizer."""
 
     __slots__ = ("opt", "uid", "name", "params", "groups", "old", "new", "refs", "vers",
-                 "last_grads", "refs_ready", "hits", "rich", "cur_bw", "lazy_old", "dirty",
+                 "last_grads", "refs_ready", "incoming", "index", "hits", "rich", "armed_bws",
+                 "cur_bw", "lazy_old", "dirty",
                  "norm_plan", "armed", "pre_check", "unhooked", "step", "pending", "acc",
                  "in_step", "instance_hooks", "post_hooked", "shown_stale", "baseline")
 
@@ -78,11 +84,19 @@ class OptState:
         loop: the zero_grad wrapper drops it right after zero_grad frees the grads. Without
         zero_grad (a hand-written reset or a bug) it lives until the next backward starts."""
         self.refs_ready = True
-        self.hits: list[Any] = []
-        """Raw hook output, in order: param index, ``-bw`` backward markers, and on the
-        armed path ``(k, grad, version)``. Folded lazily: the usual step counts it in bulk."""
+        self.incoming: list[Any] = []
+        """Raw hook output, in order: the parameters themselves (their hooks are this list's
+        ``append``) and ``-bw`` backward markers. Never replaced: the hooks hold it."""
+        self.index = {id(p): k for k, p in enumerate(params)}
+        """``id(param) -> k``: the parameters are held by ``params``, so ids stay theirs."""
+        self.hits: list[int] = []
+        """``incoming`` as indices (:meth:`pull`): param index or ``-bw`` backward marker.
+        Folded lazily: the usual step counts it in bulk."""
         self.rich = False
-        """``hits`` holds armed-path tuples."""
+        """``hits`` holds contributions of an armed backward (see ``armed_bws``)."""
+        self.armed_bws: dict[int, ArmedBackward] = {}
+        """Backward ids started while this optimizer was armed, with the ``.grad`` state
+        around them (the rare path of hand-written resets)."""
         self.cur_bw = 0
         self.lazy_old: list[list[Any]] = []
         """Hit lists consumed in bulk and not yet added into ``old``."""
@@ -114,6 +128,7 @@ class OptState:
         n = len(params)
         self.params.extend(params)
         self.groups.extend(groups)
+        self.index.update((id(p), len(self.params) - n + j) for j, p in enumerate(params))
         self.old.extend([0] * n)
         self.new.extend([] for _ in range(n))
         grads = [p.grad for p in params]
@@ -128,7 +143,7 @@ class OptState:
             self.baseline.extend([None] * n)
         self.norm_plan = False  # shapes changed: plan again
 
-    def ensure_observed(self, trigger: int = -1, trigger_version: int = 0) -> None:
+    def ensure_observed(self) -> None:
         """Turn the held grads into weak references and versions (once per step)."""
         if self.refs_ready:
             return
@@ -138,9 +153,6 @@ class OptState:
         ref = weakref.ref
         self.refs = [None if g is None else ref(g) for g in grads]
         self.vers = [0 if g is None else g._version for g in grads]
-        if trigger >= 0 and grads[trigger] is not None:
-            # the hook that started this backward already accumulated into it
-            self.vers[trigger] = trigger_version - 1
         self.last_grads = None
         self.refs_ready = True
 
@@ -149,26 +161,39 @@ class OptState:
         self.last_grads = None
         self.refs_ready = True
 
+    def pull(self) -> None:
+        """Append ``incoming`` to ``hits`` as indices (once per step or reset, in bulk)."""
+        incoming = self.incoming
+        if incoming:
+            index = self.index
+            self.hits += [h if type(h) is int else index[id(h)] for h in incoming]
+            incoming.clear()  # in place: the hooks hold its append
+
     def sync(self) -> None:
         """Fold raw hits into the per-parameter ``new`` lists (the rare, per-param paths)."""
+        self.pull()
         if not self.hits:
             return
-        hits = self.hits.copy()
-        self.hits.clear()  # in place: the hooks hold its append
+        hits, self.hits = self.hits, []
         self.rich = False
         self.sync_old()
         bw = self.cur_bw
         new = self.new
+        armed = self.armed_bws
+        seen = armed.get(bw) if armed else None
         for h in hits:
-            if type(h) is int:
-                if h < 0:
-                    bw = -h
-                else:
-                    new[h].append(bw)
-                    self.dirty = True
+            if h < 0:
+                bw = -h
+                seen = armed.get(bw) if armed else None
+            elif seen is None:
+                new[h].append(bw)
+                self.dirty = True
             else:
-                self._rich(h[0], bw, h[1], h[2])
+                self._rich(h, bw, seen)
         self.cur_bw = bw
+        if armed:  # a backward still running gets more contributions; the others are done
+            self.armed_bws = {b: a for b, a in armed.items() if a.grads is None}
+            self.rich = bool(self.armed_bws)
 
     def sync_old(self) -> None:
         """Add the bulk-consumed hits into the per-parameter ``old`` counts."""
@@ -182,10 +207,14 @@ class OptState:
                     self.dirty = True
         self.lazy_old = []
 
-    def _rich(self, k: int, bw: int, g: torch.Tensor, v: int) -> None:
+    def _rich(self, k: int, bw: int, seen: ArmedBackward) -> None:
         """An armed-path contribution: was the content it landed on reset first?"""
         self.ensure_observed()
         self.dirty = True
+        g, before, after = seen.of(k, self.params[k])
+        if g is None:  # gone again since (p.grad = None after the backward): the step sees it
+            self.new[k].append(bw)
+            return
         r = self.refs[k]
         old_g = r() if r is not None else None
         if old_g is not g:
@@ -194,15 +223,15 @@ class OptState:
                 self.reset(k, "set_none" if old_g is None else "replaced")
             self.refs[k] = weakref.ref(g)
         elif self.old[k] and not self.new[k]:
-            if v != self.vers[k] + 1 and g._base is None:
-                # Same object changed in place before this contribution while it held
-                # only consumed content: a p.grad.zero_() outside zero_grad. (A view, such
-                # as DDP's gradient_as_bucket_view, shares its version counter with its
+            if before != self.vers[k] and g._base is None:
+                # Same object changed in place before this backward while it held only
+                # consumed content: a p.grad.zero_() outside zero_grad. (A view, such as
+                # DDP's gradient_as_bucket_view, shares its version counter with its
                 # bucket: any other parameter's accumulation bumps it, so only values tell.)
                 self.reset(k, "zero_")
             elif self.pre_check is not None and self.pre_check.was_zero(k, bw):
                 self.reset(k, "zero_")  # p.grad.data.zero_(): no version bump, values zero
-        self.vers[k] = v
+        self.vers[k] = after
         self.new[k].append(bw)
 
     def reset(self, k: int, how: str) -> None:
@@ -221,7 +250,7 @@ class OptState:
         The usual reset (every gradient consumed in bulk, nothing pending) hands the
         consumed hit lists over as they are; the writer thread turns them into indices.
         """
-        if self.hits:
+        if self.incoming or self.hits:
             self.sync()
         lazy, self.lazy_old = self.lazy_old, []
         if not self.dirty:
@@ -246,32 +275,31 @@ class PreCheck:
     """Norms of consumed gradients taken when a backward starts (armed optimizers only).
 
     ``p.grad.data.zero_()`` changes values without a version bump, so a contribution added
-    on top of it looks like an accumulation onto consumed content. The first hook of each
-    backward takes these norms (device tensors, no sync); the next drain reads them once.
-    The parameter whose hook started the backward has already accumulated: it follows the
+    on top of it looks like an accumulation onto consumed content. The wrapper of
+    ``torch.autograd.backward`` takes these norms before the engine runs (device tensors,
+    no sync); the next fold reads them once. A sparse gradient, not normed, follows the
     verdict of the others.
     """
 
-    def __init__(self, bw: int, ks: list[int], norms: torch.Tensor, trigger: int) -> None:
+    def __init__(self, bw: int, ks: list[int], norms: torch.Tensor) -> None:
         self.bw = bw
-        self.trigger = trigger
         self.ks = ks
         self.norms = norms
         self._vals: dict[int, float] | None = None
 
     @classmethod
-    def take(cls, st: OptState, bw: int, trigger: int) -> PreCheck | None:
+    def take(cls, st: OptState, bw: int) -> PreCheck | None:
         st.sync_old()
         ks, grads = [], []
         for k, p in enumerate(st.params):
             g = p.grad
-            if g is not None and st.old[k] and k != trigger and not g.is_sparse:
+            if g is not None and st.old[k] and not g.is_sparse:
                 ks.append(k)
                 grads.append(g)
         if not grads:
             return None
-        with torch.no_grad():  # device tensors only: no sync inside the hook
-            return cls(bw, ks, torch.stack(list(torch._foreach_norm(grads))), trigger)
+        with torch.no_grad():  # device tensors only: no sync
+            return cls(bw, ks, torch.stack(list(torch._foreach_norm(grads))))
 
     def was_zero(self, k: int, bw: int) -> bool:
         """Whether parameter ``k``'s consumed content was zeroed before backward ``bw``."""
@@ -284,3 +312,33 @@ class PreCheck:
             return v == 0.0
         others = [x for j, x in self._vals.items() if j != k]
         return bool(others) and all(x == 0.0 for x in others)
+
+
+class ArmedBackward:
+    """The ``.grad`` state around one backward of an armed optimizer (hand-written resets):
+    versions before the engine ran, gradients and versions after it returned.
+
+    Contributions are judged against these instead of inside a hook. A backward still
+    running (a fold in its middle) has no ``after`` yet: the live gradient stands in.
+    """
+
+    __slots__ = ("before", "grads", "after")
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.before = [-1 if (g := p.grad) is None else g._version for p in params]
+        self.grads: list[torch.Tensor | None] | None = None
+        self.after: list[int] = []
+
+    def done(self, params: list[torch.Tensor]) -> None:
+        """The engine returned: take the gradients the contributions landed on."""
+        grads = [p.grad for p in params]
+        self.grads = grads
+        self.after = [0 if g is None else g._version for g in grads]
+
+    def of(self, k: int, p: torch.Tensor) -> tuple[torch.Tensor | None, int, int]:
+        """``(grad, version before, version after)`` of parameter ``k`` (``p``)."""
+        if self.grads is None or k >= len(self.grads):
+            g = p.grad
+            return g, self.before[k] if k < len(self.before) else -1, (
+                0 if g is None else g._version)
+        return self.grads[k], self.before[k], self.after[k]

@@ -1,12 +1,18 @@
 """The hooks: contributions from post-accumulate-grad hooks, resets from ``.grad`` state.
 
-Hot path (per parameter, per backward): the hook appends the parameter's index to its
-optimizer's list (and, only on the rare *armed* path after a step without a following
-``zero_grad``, the grad object and its version). Backward passes are told apart by a
-marker the first hook of each backward appends, with an engine callback that ends it.
-Everything else runs once per step (the step pre-hook, plus a post-hook for closure steps)
-or in the ``zero_grad`` wrappers, in bulk where the step is the usual one (see
-:func:`gradwatch.probe.judge.consume`).
+Hot path (per parameter, per backward): the hook is the bound ``append`` of its
+optimizer's ``incoming`` list, so a contribution costs the engine's call and no Python
+frame. Backward passes are told apart by a marker the wrapper of ``torch.autograd.backward``
+(:mod:`gradwatch.probe.patches`) appends before the engine runs (:meth:`Tracker.begin`);
+a backward run inside another one (reentrant checkpointing) belongs to the outer one. On
+the rare *armed* path (a step without a following ``zero_grad``) the wrapper also takes the
+``.grad`` state around the backward. Everything else runs once per step (the step
+pre-hook, plus a post-hook for closure steps) or in the ``zero_grad`` wrappers, in bulk
+where the step is the usual one (see :func:`gradwatch.probe.judge.consume`).
+
+A backward that calls the autograd engine without ``torch.autograd.backward`` (Megatron's
+``custom_backward``) gets no marker of its own: its contributions are counted, as part of
+the backward before it.
 
 Any internal error is logged once and the tracker turns itself off; training goes on.
 """
@@ -24,13 +30,14 @@ from torch.utils.hooks import RemovableHandle
 from gradwatch.probe import judge
 from gradwatch.probe.compat import no_compile
 from gradwatch.probe.names import positional
-from gradwatch.probe.state import OptState, PreCheck
+from gradwatch.probe.state import ArmedBackward, OptState, PreCheck
 from gradwatch.wire import OptimizerInfo
 
 log = logging.getLogger("gradwatch.probe")
 
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 _MAX_HITS = 1_000_000
+"""Raw hits kept per optimizer before they are folded (backwards with no step nor reset)."""
 
 
 def _in_backward() -> bool:
@@ -48,7 +55,7 @@ class Tracker:
                  namer: Callable[[list[torch.Tensor]], list[str]] | None = None,
                  auto: bool = False, on_disable: Callable[[str], None] | None = None):
         self.mode = 0
-        """0 idle, 1 inside a backward pass, -1 turned off."""
+        """0 on, -1 turned off."""
         self.bw = 0
         self.phase = 0
         self.stepped_since_bw = False
@@ -141,48 +148,60 @@ class Tracker:
         if not p.requires_grad or p.grad_fn is not None:
             st.unhooked.append(k)
             return
-        append = st.hits.append
-        tracker = self
+        handle = p.register_post_accumulate_grad_hook(st.incoming.append)
+        self.handles.append(handle)
+        hooks = p._post_accumulate_grad_hooks
+        if isinstance(hooks, dict) and len(hooks) > 1:
+            # First, before the user's own hooks: one that steps the optimizer (the
+            # optimizer-in-backward pattern) must find this contribution already counted.
+            # The engine walks the dict's own order (not OrderedDict's): re-insert all.
+            mine = hooks.pop(handle.id)
+            others = list(hooks.items())
+            hooks.clear()
+            hooks[handle.id] = mine
+            hooks.update(others)
 
-        def hook(param: torch.Tensor) -> None:
-            if tracker.mode != 1:
-                if tracker.mode < 0:
-                    return
-                tracker._begin(st, k)
-            if st.armed:  # rare path: content consumed and no zero_grad since
-                g = param.grad
-                append((k, g, g._version))  # type: ignore[union-attr]
-                st.rich = True
-            else:
-                append(k)
+    def begin(self) -> list[tuple[OptState, ArmedBackward]] | None:
+        """A backward pass starts (the engine has not run yet): number it and mark it.
 
-        self.handles.append(p.register_post_accumulate_grad_hook(hook))
-
-    def _begin(self, trigger: OptState, tk: int) -> None:
-        """First hook of a backward pass: number it; end it with an engine callback."""
+        Armed optimizers (their consumed gradients not cleared by zero_grad) also get their
+        ``.grad`` state taken, returned for :meth:`end`; None when none is armed.
+        """
+        if self.mode < 0:
+            return None
         try:
-            self.mode = 1
             self.bw += 1
             if self.stepped_since_bw:
                 self.phase += 1
                 self.stepped_since_bw = False
             marker = -self.bw
             for st in self.by_opt.values():
-                if len(st.hits) > _MAX_HITS:  # backwards with no step nor zero_grad
+                if len(st.incoming) > _MAX_HITS:
                     st.sync()
-                st.hits.append(marker)
-            _queue_callback(self._end)
+                st.incoming.append(marker)
+            if not self.armed:
+                return None
+            armed = []
             for st in self.armed:
-                k = tk if trigger is st else -1
-                g = st.params[k].grad if k >= 0 else None
-                st.ensure_observed(k, g._version if g is not None else 0)
-                st.pre_check = PreCheck.take(st, self.bw, k)
-        except Exception as e:  # noqa: BLE001 - never raise into autograd
+                st.ensure_observed()
+                st.pre_check = PreCheck.take(st, self.bw)
+                seen = st.armed_bws[self.bw] = ArmedBackward(st.params)
+                st.rich = True
+                armed.append((st, seen))
+            return armed
+        except Exception as e:  # noqa: BLE001 - never raise into the training loop
             self.fail(e)
+            return None
 
-    def _end(self) -> None:
-        if self.mode == 1:
-            self.mode = 0
+    def end(self, armed: list[tuple[OptState, ArmedBackward]]) -> None:
+        """The engine returned (or raised): take the armed optimizers' gradients."""
+        if self.mode < 0:
+            return
+        try:
+            for st, seen in armed:
+                seen.done(st.params)
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
 
     # ---------------------------------------------------------------- step hooks
     def pre(self, opt: Any, args: Any, kwargs: Any) -> Any:
@@ -195,8 +214,6 @@ class Tracker:
                 if not self.auto:
                     return None
                 st = self.attach(opt, instance_hooks=False)
-            if self.mode == 1 and not _in_backward():
-                self.mode = 0  # a backward that failed never ran its end callback
             if st.unhooked:
                 pending, st.unhooked = st.unhooked, []
                 for k in pending:
@@ -314,7 +331,11 @@ class Tracker:
         self.disabled = f"{type(exc).__name__}: {exc}"[:1000]
         log.error("gradwatch: internal error, the probe turns itself off and training "
                   "goes on: %s", self.disabled, exc_info=exc)
-        if not _in_backward():
+        for st in self.by_opt.values():
+            st.incoming.clear()
+        if _in_backward():  # hooks are not removed while the engine may be calling them
+            _queue_callback(self.remove_hooks)
+        else:
             self.remove_hooks()
         if self.on_disable is not None:
             try:
@@ -326,10 +347,14 @@ class Tracker:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        if self.mode < 0:  # what the hooks appended since the probe turned off
+            for st in self.by_opt.values():
+                st.incoming.clear()
 
     def close(self) -> None:
         self.remove_hooks()
         if self.mode >= 0:
             self.mode = -1
         for st in self.by_opt.values():
+            st.incoming.clear()
             st.hits.clear()

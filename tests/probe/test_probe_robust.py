@@ -110,7 +110,7 @@ def test_error_inside_param_hook_is_contained(tmp_path: Path,
     m, opt = _opt()
     from gradwatch.probe.tracker import Tracker
 
-    monkeypatch.setattr(Tracker, "_begin", lambda self, st, k: Tracker.fail(self, ValueError(
+    monkeypatch.setattr(Tracker, "begin", lambda self: Tracker.fail(self, ValueError(
         "hook failure")))
     with gradwatch.watch(opt, log=tmp_path / "h.jsonl") as h:
         for i in range(3):
