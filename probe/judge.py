@@ -22,8 +22,9 @@ zero_grad clears them, fine) and no GradScaler-skipped step looked at it (the ne
 after a skipped step throws away non-finite gradients on purpose).
 
 Cost: the usual step (every gradient reset by zero_grad since it was last consumed) takes
-the bulk path, :func:`_consume_fast`, which counts the hooks' raw hit list without touching
-parameters one by one. Only a gradient still holding consumed content, a missing gradient
+a bulk path that counts the hooks' hit list without touching parameters one by one:
+:func:`_usual_step`, the whole step in one pass, after one backward; :func:`_consume_fast`
+after several. Only a gradient still holding consumed content, a missing gradient
 that had a contribution, a leak, or the armed path (hand-written resets) folds the hits per
 parameter (:func:`_consume_slow`).
 """
@@ -38,7 +39,7 @@ from operator import is_, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from gradwatch.probe import norms as _norms
-from gradwatch.probe.state import OptState, StepAcc
+from gradwatch.probe.state import OptState, PendingReset, StepAcc
 from gradwatch.wire import Reset, Step, trusted
 
 if TYPE_CHECKING:
@@ -70,26 +71,41 @@ def consume(tr: Tracker, st: OptState, closure: bool = False) -> None:
 def _sample_and_mark(tr: Tracker, st: OptState, grads: list[Any], zero: list[int],
                      mixed: list[tuple[int, int]], missing: bool) -> None:
     """After counting: sample the norms when due, and mark the gradients consumed."""
+    norms = _due_norms(tr, st, grads, zero, mixed, missing)
+    if norms is not None:
+        st.acc.norms = norms
+    _mark(tr, st, grads)
+
+
+def _due_norms(tr: Tracker, st: OptState, grads: list[Any], zero: list[int],
+               mixed: list[tuple[int, int]], missing: bool) -> Any:
+    """This step's norms when due (host floats or a NormSample), else None; keeps the
+    copy of the gradients the next step's exact fresh norms need (bug path)."""
     every = tr.norms_every
-    if every:
-        step = st.step
-        if step % every == 0:
-            plan = st.norm_plan
-            if plan is False and not missing:
-                plan = st.norm_plan = _norms.CpuPlan.make(grads)
-            scale = getattr(st.opt, "grad_scale", None)
-            # The usual CPU step, all fresh, read at once; groups go through ``sample``,
-            # whose grad mode is off (their ``out=`` buffers refuse a create_graph grad).
-            if (plan and not (plan.groups or plan.failed or missing or zero or mixed)
-                    and scale is None and (read := plan.read(grads)) is not None):
-                st.acc.norms = read
-            else:
-                st.acc.norms = _norms.sample(grads, scale, zero, mixed, st.baseline, missing,
-                                             plan or None)
-        if st.shown_stale and (step + 1) % every == 0:
-            st.baseline = _norms.snapshot(grads)
-        elif st.baseline is not None:
-            st.baseline = None
+    if not every:
+        return None
+    step = st.step
+    norms = None
+    if step % every == 0:
+        plan = st.norm_plan
+        if plan is False and not missing:
+            plan = st.norm_plan = _norms.CpuPlan.make(grads)
+        scale = getattr(st.opt, "grad_scale", None)
+        # The usual CPU step, all fresh, read at once; groups go through ``sample``,
+        # whose grad mode is off (their ``out=`` buffers refuse a create_graph grad).
+        if not (plan and not (plan.groups or plan.failed or missing or zero or mixed)
+                and scale is None and (norms := plan.read(grads)) is not None):
+            norms = _norms.sample(grads, scale, zero, mixed, st.baseline, missing,
+                                  plan or None)
+    if st.shown_stale and (step + 1) % every == 0:
+        st.baseline = _norms.snapshot(grads)
+    elif st.baseline is not None:
+        st.baseline = None
+    return norms
+
+
+def _mark(tr: Tracker, st: OptState, grads: list[Any]) -> None:
+    """The step read ``grads``: their content is consumed from now on."""
     st.last_grads = grads  # identity and versions taken lazily, if ever needed
     st.refs_ready = False
     st.armed = True
@@ -97,23 +113,51 @@ def _sample_and_mark(tr: Tracker, st: OptState, grads: list[Any], zero: list[int
     tr.armed.add(st)
 
 
-def plain_step(tr: Tracker, st: OptState) -> PendingStep:
+def plain_step(tr: Tracker, st: OptState) -> PendingStep | UsualStep:
     """A step without a closure: :func:`consume`, then :func:`finalize`.
 
-    The usual step (every gradient reset since it was last consumed and none gone, no reset
-    that threw contributions away) is counted in bulk by :func:`_consume_fast` and has no
-    reset to judge, so it skips the per-parameter checks of ``consume`` and the judging
-    loop of ``finalize``.
+    A step with every gradient reset since it was last consumed and none gone, and no reset
+    that threw contributions away, is counted in bulk and has no reset to judge, so it
+    skips the per-parameter checks of ``consume`` and the judging loop of ``finalize``:
+    :func:`_usual_step` when one backward filled the gradients (the textbook loop),
+    :func:`_consume_fast` when several did (accumulation).
     """
     st.pull()
     if not (st.dirty or st.lazy_old or st.rich or any(map(_removed, st.pending))):
         grads = [p.grad for p in st.params]
-        if not any(map(is_, grads, repeat(None))) and _consume_fast(tr, st):
-            _sample_and_mark(tr, st, grads, [], [], False)
-            return _close_step(tr, st, PendingStep(st, False, _NO_JUDGED, _NO_PARAMS,
-                                                   _NO_PARAMS))
+        if not any(map(is_, grads, repeat(None))):
+            usual = _usual_step(tr, st, grads)
+            if usual is not None:
+                return usual
+            if _consume_fast(tr, st):
+                _sample_and_mark(tr, st, grads, [], [], False)
+                return _close_step(tr, st, PendingStep(st, False, _NO_JUDGED, _NO_PARAMS,
+                                                       _NO_PARAMS))
     consume(tr, st)
     return finalize(tr, st, skipped=False)
+
+
+def _usual_step(tr: Tracker, st: OptState, grads: list[Any]) -> UsualStep | None:
+    """One backward since the last consumption, none of it consumed by another optimizer
+    in an earlier phase: the whole step in one pass, with no per-step accumulator (the
+    writer thread builds that). None, changing nothing, for any other step."""
+    hits = st.hits
+    if len(hits) < 2 or (h0 := hits[0]) >= 0 or min(hits) != h0:
+        return None  # several backwards, or none of this optimizer's parameters
+    bw = -h0
+    first, uid = tr.first, st.uid
+    c = first.get(bw)
+    if c is None:
+        first[bw] = (uid, tr.phase)
+    elif c[0] != uid and c[1] < tr.phase:
+        return None  # leaked contributions: counted per parameter
+    st.cur_bw = bw
+    st.hits = []
+    st.lazy_old.append(hits)
+    usual = UsualStep(st, hits, _due_norms(tr, st, grads, [], [], False))
+    _mark(tr, st, grads)
+    _advance(tr, st)
+    return usual
 
 
 _removed = itemgetter(2)
@@ -240,6 +284,33 @@ def observe_skip(tr: Tracker, st: OptState) -> None:
         acc.norms = _norms.sample(grads, None, [], [], None)
 
 
+class UsualStep:
+    """The facts of a step that :func:`_usual_step` took in one pass: its hits (one
+    backward marker, then parameter indices), the resets since the previous step (none
+    judged: nothing they removed was lost) and the norms. The writer thread turns them
+    into a :class:`Step` record."""
+
+    __slots__ = ("t", "opt", "step", "resets", "hits", "norms")
+
+    def __init__(self, st: OptState, hits: list[int], norms: Any) -> None:
+        self.t = time.time()
+        self.opt = st.name
+        self.step = st.step
+        self.resets = st.pending
+        self.hits = hits
+        self.norms = norms
+
+    def to_record(self, seq: int) -> Step:
+        """The finished record, the same as :class:`PendingStep` would build."""
+        acc = StepAcc()
+        acc.fresh = acc.consumed = len(self.hits) - 1
+        acc.bws.add(-self.hits[0])
+        acc.fresh_hits.append(self.hits)
+        acc.norms = self.norms
+        return _record(seq, self.t, self.opt, self.step, False, acc, self.resets, _NO_JUDGED,
+                       _NO_PARAMS, _NO_PARAMS)
+
+
 class PendingStep:
     """A step's facts, turned into a :class:`Step` record by the writer thread.
 
@@ -265,37 +336,43 @@ class PendingStep:
 
     def to_record(self, seq: int) -> Step:
         """The finished record (device norms are copied to the host here, in the writer)."""
-        acc, judged = self.acc, self.judged
-        by_how: dict[str, set[int]] = {}
-        for how, ks, _, hit_lists in self.resets:
-            params = by_how.setdefault(how, set())
-            params.update(ks)
-            for hits in hit_lists:  # indices and (negative) backward markers
-                params.update(hits)
-        resets = []
-        discarded = 0
-        for how, params in by_how.items():
-            d, after = judged.get(how, (0, False))
-            discarded += d
-            ordered = sorted(params)
-            resets.append(trusted(Reset, {"how": how, "params": ordered[bisect_left(ordered, 0):],
-                                          "discarded": d, "after_backward": after}))
-        norm = fresh_norm = drift = per = fresh = None
-        if acc.norms is not None:
-            per, fresh, norm, fresh_norm = _norms.on_host(acc.norms)
-            if norm is not None and fresh_norm:  # undefined when nothing fresh
-                drift = norm / fresh_norm
-        s = trusted(Step, {
-            "seq": seq, "t": self.t, "type": "step", "opt": self.opt, "step": self.step,
-            "skipped": self.skipped, "closure_evals": acc.closure_evals,
-            "backwards": len(acc.bws), "consumed": acc.consumed, "fresh": acc.fresh,
-            "stale": acc.stale, "leaked": acc.leaked,
-            "stale_params": sorted(acc.stale_params),
-            "leaked_params": sorted(acc.leaked_params), "late_params": sorted(self.late),
-            "discarded": discarded, "discarded_params": sorted(self.discarded_params),
-            "resets": resets, "norm": norm, "fresh_norm": fresh_norm, "drift": drift,
-            "param_norms": per, "param_fresh_norms": fresh})
-        return s
+        return _record(seq, self.t, self.opt, self.step, self.skipped, self.acc, self.resets,
+                       self.judged, self.late, self.discarded_params)
+
+
+def _record(seq: int, t: float, opt: str, step: int, skipped: bool, acc: StepAcc,
+            resets_since: list[PendingReset], judged: dict[str, list[Any]],
+            late: AbstractSet[int], discarded_params: AbstractSet[int]) -> Step:
+    """A :class:`Step` record from a step's facts (in the writer thread)."""
+    by_how: dict[str, set[int]] = {}
+    for how, ks, _, hit_lists in resets_since:
+        params = by_how.setdefault(how, set())
+        params.update(ks)
+        for hits in hit_lists:  # indices and (negative) backward markers
+            params.update(hits)
+    resets = []
+    discarded = 0
+    for how, params in by_how.items():
+        d, after = judged.get(how, (0, False))
+        discarded += d
+        ordered = sorted(params)
+        resets.append(trusted(Reset, {"how": how, "params": ordered[bisect_left(ordered, 0):],
+                                      "discarded": d, "after_backward": after}))
+    norm = fresh_norm = drift = per = fresh = None
+    if acc.norms is not None:
+        per, fresh, norm, fresh_norm = _norms.on_host(acc.norms)
+        if norm is not None and fresh_norm:  # undefined when nothing fresh
+            drift = norm / fresh_norm
+    return trusted(Step, {
+        "seq": seq, "t": t, "type": "step", "opt": opt, "step": step,
+        "skipped": skipped, "closure_evals": acc.closure_evals,
+        "backwards": len(acc.bws), "consumed": acc.consumed, "fresh": acc.fresh,
+        "stale": acc.stale, "leaked": acc.leaked,
+        "stale_params": sorted(acc.stale_params),
+        "leaked_params": sorted(acc.leaked_params), "late_params": sorted(late),
+        "discarded": discarded, "discarded_params": sorted(discarded_params),
+        "resets": resets, "norm": norm, "fresh_norm": fresh_norm, "drift": drift,
+        "param_norms": per, "param_fresh_norms": fresh})
 
 
 def finalize(tr: Tracker, st: OptState, skipped: bool) -> PendingStep:
@@ -326,9 +403,18 @@ def finalize(tr: Tracker, st: OptState, skipped: bool) -> PendingStep:
 
 
 def _close_step(tr: Tracker, st: OptState, pending: PendingStep) -> PendingStep:
-    """Start the optimizer's next step; forget backwards too old to matter."""
-    st.pending = []
+    """Start the optimizer's next step with a new accumulator."""
     st.acc = StepAcc()
+    _advance(tr, st)
+    return pending
+
+
+def _advance(tr: Tracker, st: OptState) -> None:
+    """Start the optimizer's next step; forget backwards too old to matter.
+
+    The accumulator is the caller's: :func:`_usual_step` never wrote to it.
+    """
+    st.pending = []
     st.step += 1
     st.in_step = False
     tr.stepped_since_bw = True
@@ -336,4 +422,3 @@ def _close_step(tr: Tracker, st: OptState, pending: PendingStep) -> PendingStep:
         cut = tr.bw - _KEEP
         tr.first = {b: v for b, v in tr.first.items() if b >= cut}
         tr.observed = {b for b in tr.observed if b >= cut}
-    return pending

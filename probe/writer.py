@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gradwatch.analysis import Judge
-from gradwatch.probe.judge import PendingStep
+from gradwatch.probe.judge import PendingStep, UsualStep
 from gradwatch.steplog import StepLogWriter
 from gradwatch.wire import Finding, Header, Stats, dump_record
 
@@ -93,7 +93,7 @@ class RecordWriter:
 
     def _emit(self, item: Any) -> None:
         try:
-            if isinstance(item, PendingStep):
+            if isinstance(item, (PendingStep, UsualStep)):
                 rec = item.to_record(self._seq)
             else:
                 rec = item

@@ -1,4 +1,4 @@
-"""The one-pass usual step (``judge.plain_step``) writes exactly what the general way writes.
+"""The one-pass usual steps (``judge.plain_step``) write exactly what the general way writes.
 
 Each loop runs twice from the same seed: as the probe runs it, and with every step forced
 through ``consume`` + ``finalize``. The step records (norms included, bit for bit) and the
@@ -146,13 +146,13 @@ def test_one_pass_step_writes_what_the_general_way_writes(
 def test_probe_records_name_every_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The writer builds records unvalidated (``wire.trusted``): each must carry every field."""
     made: list[Step] = []
-    real = probe_judge.PendingStep.to_record
+    real = probe_judge._record
 
-    def keep(self: Any, seq: int) -> Step:
-        made.append(real(self, seq))
+    def keep(*args: Any) -> Step:
+        made.append(real(*args))
         return made[-1]
 
-    monkeypatch.setattr(probe_judge.PendingStep, "to_record", keep)
+    monkeypatch.setattr(probe_judge, "_record", keep)
     for loop in LOOPS:
         _run(tmp_path, loop, 1, loop.__name__)
     assert made
