@@ -168,7 +168,8 @@ _NO_PARAMS: frozenset[int] = frozenset()
 
 
 def _consume_fast(tr: Tracker, st: OptState) -> bool:
-    """The usual step: no gradient holds consumed content. Counts the hits in bulk.
+    """No gradient holds consumed content, after any number of backwards (accumulation):
+    counts the hits in bulk.
 
     Returns False (changing nothing) when a leak needs the per-parameter path.
     """

@@ -337,8 +337,8 @@ class ArmedBackward:
 
     def of(self, k: int, p: torch.Tensor) -> tuple[torch.Tensor | None, int, int]:
         """``(grad, version before, version after)`` of parameter ``k`` (``p``)."""
+        before = self.before[k] if k < len(self.before) else -1  # added since: was None
         if self.grads is None or k >= len(self.grads):
             g = p.grad
-            return g, self.before[k] if k < len(self.before) else -1, (
-                0 if g is None else g._version)
-        return self.grads[k], self.before[k], self.after[k]
+            return g, before, 0 if g is None else g._version
+        return self.grads[k], before, self.after[k]
