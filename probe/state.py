@@ -164,10 +164,18 @@ class OptState:
     def pull(self) -> None:
         """Append ``incoming`` to ``hits`` as indices (once per step or reset, in bulk)."""
         incoming = self.incoming
-        if incoming:
-            index = self.index
+        if not incoming:
+            return
+        index = self.index
+        head = incoming[0]
+        try:  # the usual list, parameters after its first entry, mapped without a loop
+            tail = list(map(index.__getitem__, map(id, incoming[1:])))
+        except KeyError:  # a marker among them (an int's id is never a live parameter's)
             self.hits += [h if type(h) is int else index[id(h)] for h in incoming]
-            incoming.clear()  # in place: the hooks hold its append
+        else:
+            self.hits.append(head if type(head) is int else index[id(head)])
+            self.hits += tail
+        incoming.clear()  # in place: the hooks hold its append
 
     def sync(self) -> None:
         """Fold raw hits into the per-parameter ``new`` lists (the rare, per-param paths)."""
