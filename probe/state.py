@@ -125,10 +125,10 @@ class OptState:
 
     def add(self, params: list[torch.Tensor], groups: list[int]) -> None:
         """Parameters added to the optimizer (``add_param_group``), indexed after the others."""
-        n = len(params)
+        n0, n = len(self.params), len(params)
+        self.index.update((id(p), n0 + j) for j, p in enumerate(params))
         self.params.extend(params)
         self.groups.extend(groups)
-        self.index.update((id(p), len(self.params) - n + j) for j, p in enumerate(params))
         self.old.extend([0] * n)
         self.new.extend([] for _ in range(n))
         grads = [p.grad for p in params]

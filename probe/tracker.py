@@ -331,8 +331,6 @@ class Tracker:
         self.disabled = f"{type(exc).__name__}: {exc}"[:1000]
         log.error("gradwatch: internal error, the probe turns itself off and training "
                   "goes on: %s", self.disabled, exc_info=exc)
-        for st in self.by_opt.values():
-            st.incoming.clear()
         if _in_backward():  # hooks are not removed while the engine may be calling them
             _queue_callback(self.remove_hooks)
         else:
