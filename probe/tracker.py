@@ -11,8 +11,8 @@ pre-hook, plus a post-hook for closure steps) or in the ``zero_grad`` wrappers, 
 where the step is the usual one (see :func:`gradwatch.probe.judge.consume`).
 
 A backward that calls the autograd engine without ``torch.autograd.backward`` (Megatron's
-``custom_backward``) gets no marker of its own: its contributions are counted, as part of
-the backward before it.
+``custom_backward``), or through a reference to it taken before the watch started, gets no
+marker of its own: its contributions are counted, as part of the backward before it.
 
 Any internal error is logged once and the tracker turns itself off; training goes on.
 """
