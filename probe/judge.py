@@ -54,7 +54,7 @@ def consume(tr: Tracker, st: OptState, closure: bool = False) -> None:
     st.pull()
     grads = [p.grad for p in st.params]
     any_missing = any(map(is_, grads, repeat(None)))
-    fast = not (st.dirty or st.lazy_old or st.rich)
+    fast = not (st.dirty or st.lazy_old or st.armed_bws)
     if fast and any_missing:  # a gradient gone since its contribution: per parameter
         fast = {k for k, g in enumerate(grads) if g is None}.isdisjoint(st.hits)
     zero: list[int] = []
@@ -123,37 +123,23 @@ def plain_step(tr: Tracker, st: OptState) -> PendingStep | UsualStep:
     :func:`_consume_fast` when several did (accumulation).
     """
     st.pull()
-    if not (st.dirty or st.lazy_old or st.rich or any(map(_removed, st.pending))):
+    if not (st.dirty or st.lazy_old or st.armed_bws or any(map(_removed, st.pending))):
         grads = [p.grad for p in st.params]
-        if not any(map(is_, grads, repeat(None))):
-            usual = _usual_step(tr, st, grads)
-            if usual is not None:
-                return usual
-            if _consume_fast(tr, st):
-                _sample_and_mark(tr, st, grads, [], [], False)
-                return _close_step(tr, st, PendingStep(st, False, _NO_JUDGED, _NO_PARAMS,
-                                                       _NO_PARAMS))
+        if not any(map(is_, grads, repeat(None))) and (taken := _take_bulk(tr, st)):
+            hits, bws, total = taken
+            if total == len(hits) - 1 > 0 and hits[0] < 0:  # one backward, from its start
+                return _usual_step(tr, st, grads, hits)
+            _count_bulk(st.acc, hits, bws, total)
+            _sample_and_mark(tr, st, grads, [], [], False)
+            return _close_step(tr, st, PendingStep(st, False, _NO_JUDGED, _NO_PARAMS,
+                                                   _NO_PARAMS))
     consume(tr, st)
     return finalize(tr, st, skipped=False)
 
 
-def _usual_step(tr: Tracker, st: OptState, grads: list[Any]) -> UsualStep | None:
-    """One backward since the last consumption, none of it consumed by another optimizer
-    in an earlier phase: the whole step in one pass, with no per-step accumulator (the
-    writer thread builds that). None, changing nothing, for any other step."""
-    hits = st.hits
-    if len(hits) < 2 or (h0 := hits[0]) >= 0 or min(hits) != h0:
-        return None  # several backwards, or none of this optimizer's parameters
-    bw = -h0
-    first, uid = tr.first, st.uid
-    c = first.get(bw)
-    if c is None:
-        first[bw] = (uid, tr.phase)
-    elif c[0] != uid and c[1] < tr.phase:
-        return None  # leaked contributions: counted per parameter
-    st.cur_bw = bw
-    st.hits = []
-    st.lazy_old.append(hits)
+def _usual_step(tr: Tracker, st: OptState, grads: list[Any], hits: list[int]) -> UsualStep:
+    """The textbook step, its hits taken: one backward marker, then its contributions. The
+    whole step in one pass, with no per-step accumulator (the writer thread builds it)."""
     usual = UsualStep(st, hits, _due_norms(tr, st, grads, [], [], False))
     _mark(tr, st, grads)
     _advance(tr, st)
@@ -168,11 +154,20 @@ _NO_PARAMS: frozenset[int] = frozenset()
 
 
 def _consume_fast(tr: Tracker, st: OptState) -> bool:
-    """No gradient holds consumed content, after any number of backwards (accumulation):
-    counts the hits in bulk.
-
-    Returns False (changing nothing) when a leak needs the per-parameter path.
+    """No gradient holds consumed content: counts the hits in bulk into the step's
+    accumulator. Returns False (changing nothing) when a leak needs the per-parameter path.
     """
+    taken = _take_bulk(tr, st)
+    if taken is not None:
+        _count_bulk(st.acc, *taken)
+    return taken is not None
+
+
+def _take_bulk(tr: Tracker, st: OptState) -> tuple[list[int], list[int], int] | None:
+    """Take the hit list whole, after any number of backwards: ``(hits, backward ids,
+    contributions)``, the backwards recorded as consumed here first and the hits kept for
+    the next reset. None, changing nothing, when a contribution leaked from another
+    optimizer's earlier phase (counted per parameter)."""
     hits = st.hits
     n = len(hits)
     if n and (h0 := hits[0]) < 0 and min(hits) == h0:
@@ -188,20 +183,22 @@ def _consume_fast(tr: Tracker, st: OptState) -> bool:
     for b in bws:
         c = first.get(b)
         if c is not None and c[0] != uid and c[1] < phase:
-            return False  # leaked contributions: count them per parameter
+            return None  # leaked contributions: count them per parameter
     for b in bws:
         first.setdefault(b, (uid, phase))
     if marks:
         st.cur_bw = -hits[marks[-1]]
-    consumed, st.hits = hits, []
-    total = n - len(marks)
-    acc = st.acc
+    st.hits = []
+    st.lazy_old.append(hits)
+    return hits, bws, n - len(marks)
+
+
+def _count_bulk(acc: StepAcc, hits: list[int], bws: list[int], total: int) -> None:
+    """Hits taken by :func:`_take_bulk`, all fresh, into the step's accumulator."""
     acc.fresh += total
     acc.consumed += total
     acc.bws.update(bws)
-    acc.fresh_hits.append(consumed)
-    st.lazy_old.append(consumed)
-    return True
+    acc.fresh_hits.append(hits)
 
 
 def _consume_slow(tr: Tracker, st: OptState, grads: list[Any]) -> tuple[list[int],

@@ -61,7 +61,7 @@ class OptState:
     """Everything the probe tracks for one optimizer."""
 
     __slots__ = ("opt", "uid", "name", "params", "groups", "old", "new", "refs", "vers",
-                 "last_grads", "refs_ready", "incoming", "index", "hits", "rich", "armed_bws",
+                 "last_grads", "refs_ready", "incoming", "index", "hits", "armed_bws",
                  "cur_bw", "lazy_old", "dirty",
                  "norm_plan", "armed", "pre_check", "unhooked", "step", "pending", "acc",
                  "in_step", "instance_hooks", "post_hooked", "shown_stale", "baseline")
@@ -92,11 +92,10 @@ class OptState:
         self.hits: list[int] = []
         """``incoming`` as indices (:meth:`pull`): param index or ``-bw`` backward marker.
         Folded lazily: the usual step counts it in bulk."""
-        self.rich = False
-        """``hits`` holds contributions of an armed backward (see ``armed_bws``)."""
         self.armed_bws: dict[int, ArmedBackward] = {}
         """Backward ids started while this optimizer was armed, with the ``.grad`` state
-        around them (the rare path of hand-written resets)."""
+        around them (the rare path of hand-written resets), until their hits are folded:
+        while any is here, steps take the per-parameter way."""
         self.cur_bw = 0
         self.lazy_old: list[list[Any]] = []
         """Hit lists consumed in bulk and not yet added into ``old``."""
@@ -183,7 +182,6 @@ class OptState:
         if not self.hits:
             return
         hits, self.hits = self.hits, []
-        self.rich = False
         self.sync_old()
         bw = self.cur_bw
         new = self.new
@@ -201,7 +199,6 @@ class OptState:
         self.cur_bw = bw
         if armed:  # a backward still running gets more contributions; the others are done
             self.armed_bws = {b: a for b, a in armed.items() if a.grads is None}
-            self.rich = bool(self.armed_bws)
 
     def sync_old(self) -> None:
         """Add the bulk-consumed hits into the per-parameter ``old`` counts."""

@@ -186,7 +186,6 @@ class Tracker:
                 st.ensure_observed()
                 st.pre_check = PreCheck.take(st, self.bw)
                 seen = st.armed_bws[self.bw] = ArmedBackward(st.params)
-                st.rich = True
                 armed.append((st, seen))
             return armed
         except Exception as e:  # noqa: BLE001 - never raise into the training loop

@@ -165,6 +165,15 @@ def test_probe_records_name_every_field(tmp_path: Path, monkeypatch: pytest.Monk
 def test_textbook_loop_takes_the_one_pass_way_every_step_after_the_first(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     general = _count_general(monkeypatch)
+    one_pass = {"n": 0}
+    real_usual = probe_judge._usual_step
+
+    def counted(*a: Any) -> Any:
+        one_pass["n"] += 1
+        return real_usual(*a)
+
+    monkeypatch.setattr(probe_judge, "_usual_step", counted)
     steps, findings = _run(tmp_path, _textbook, 1, "textbook")
     assert len(steps) == 6 and not findings
     assert general["n"] == 0
+    assert one_pass["n"] == 6  # one backward per step: the one-pass step every time

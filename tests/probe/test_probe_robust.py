@@ -105,8 +105,8 @@ def test_internal_error_turns_probe_off_training_goes_on(
     assert _hook_state(m, opt) == before
 
 
-def test_error_inside_param_hook_is_contained(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_error_in_the_backward_marker_is_contained(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     m, opt = _opt()
     from gradwatch.probe.tracker import Tracker
 
