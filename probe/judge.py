@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from itertools import repeat
 from operator import is_, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from gradwatch.probe import norms as _norms
-from gradwatch.probe.state import OptState, PendingReset, StepAcc
+from gradwatch.probe.state import OptState, PendingReset, StepAcc, indices
 from gradwatch.wire import Reset, Step, trusted
 
 if TYPE_CHECKING:
@@ -119,25 +120,39 @@ def plain_step(tr: Tracker, st: OptState) -> PendingStep | UsualStep:
     A step with every gradient reset since it was last consumed and none gone, and no reset
     that threw contributions away, is counted in bulk and has no reset to judge, so it
     skips the per-parameter checks of ``consume`` and the judging loop of ``finalize``:
-    :func:`_usual_step` when one backward filled the gradients (the textbook loop),
-    :func:`_consume_fast` when several did (accumulation).
+    :func:`_usual_step` when one backward filled the gradients (the textbook loop; its
+    hooks' list is taken whole, with no lookup of the parameters, see
+    :func:`~gradwatch.probe.state.indices`), :func:`_consume_fast` when several did
+    (accumulation).
     """
-    st.pull()
     if not (st.dirty or st.lazy_old or st.armed_bws or any(map(_removed, st.pending))):
         grads = [p.grad for p in st.params]
-        if not any(map(is_, grads, repeat(None))) and (taken := _take_bulk(tr, st)):
-            hits, bws, total = taken
-            if total == len(hits) - 1 > 0 and hits[0] < 0:  # one backward, from its start
-                return _usual_step(tr, st, grads, hits)
-            _count_bulk(st.acc, hits, bws, total)
-            _sample_and_mark(tr, st, grads, [], [], False)
-            return _close_step(tr, st, PendingStep(st, False, _NO_JUDGED, _NO_PARAMS,
-                                                   _NO_PARAMS))
+        if not any(map(is_, grads, repeat(None))):
+            raw = st.incoming
+            if len(raw) > 1 and type(h0 := raw[0]) is int and h0 == -tr.bw and not st.hits:
+                # The textbook step: the hooks' list holds the last backward's marker, then
+                # its contributions. Taken as it is (the writer looks the parameters up).
+                if _claim(tr, st, (-h0,)):
+                    hits = raw.copy()
+                    raw.clear()  # in place: the hooks hold its append
+                    st.cur_bw = -h0
+                    st.lazy_old.append(hits)
+                    return _usual_step(tr, st, grads, hits)
+            else:
+                st.pull()
+                if taken := _take_bulk(tr, st):
+                    hits, bws, total = taken
+                    if total == len(hits) - 1 > 0 and hits[0] < 0:  # one backward, from its start
+                        return _usual_step(tr, st, grads, hits)
+                    _count_bulk(st.acc, hits, bws, total)
+                    _sample_and_mark(tr, st, grads, [], [], False)
+                    return _close_step(tr, st, PendingStep(st, False, _NO_JUDGED, _NO_PARAMS,
+                                                           _NO_PARAMS))
     consume(tr, st)
     return finalize(tr, st, skipped=False)
 
 
-def _usual_step(tr: Tracker, st: OptState, grads: list[Any], hits: list[int]) -> UsualStep:
+def _usual_step(tr: Tracker, st: OptState, grads: list[Any], hits: list[Any]) -> UsualStep:
     """The textbook step, its hits taken: one backward marker, then its contributions. The
     whole step in one pass, with no per-step accumulator (the writer thread builds it)."""
     usual = UsualStep(st, hits, _due_norms(tr, st, grads, [], [], False))
@@ -179,18 +194,30 @@ def _take_bulk(tr: Tracker, st: OptState) -> tuple[list[int], list[int], int] | 
         bws = [-hits[j] for j in marks if j + 1 < n and hits[j + 1] >= 0]
         if n and hits[0] >= 0:
             bws.append(st.cur_bw)
-    first, phase, uid = tr.first, tr.phase, st.uid
-    for b in bws:
-        c = first.get(b)
-        if c is not None and c[0] != uid and c[1] < phase:
-            return None  # leaked contributions: count them per parameter
-    for b in bws:
-        first.setdefault(b, (uid, phase))
+    if not _claim(tr, st, bws):
+        return None  # leaked contributions: count them per parameter
     if marks:
         st.cur_bw = -hits[marks[-1]]
     st.hits = []
     st.lazy_old.append(hits)
     return hits, bws, n - len(marks)
+
+
+def _claim(tr: Tracker, st: OptState, bws: Iterable[int]) -> bool:
+    """Record ``st``'s step as the first consumer of backwards ``bws``. False, recording
+    nothing, when one of them leaked: another optimizer's step consumed it in an earlier
+    phase. With one optimizer nothing can leak and nothing is recorded (an optimizer
+    attached later never holds contributions from backwards before its attach)."""
+    if len(tr.by_opt) < 2:
+        return True
+    first, phase, uid = tr.first, tr.phase, st.uid
+    for b in bws:
+        c = first.get(b)
+        if c is not None and c[0] != uid and c[1] < phase:
+            return False
+    for b in bws:
+        first.setdefault(b, (uid, phase))
+    return True
 
 
 def _count_bulk(acc: StepAcc, hits: list[int], bws: list[int], total: int) -> None:
@@ -284,17 +311,19 @@ def observe_skip(tr: Tracker, st: OptState) -> None:
 
 class UsualStep:
     """The facts of a step that :func:`_usual_step` took in one pass: its hits (one
-    backward marker, then parameter indices), the resets since the previous step (none
-    judged: nothing they removed was lost) and the norms. The writer thread turns them
-    into a :class:`Step` record."""
+    backward marker, then its contributions: the parameters as the hooks appended them,
+    or their indices), the resets since the previous step (none judged: nothing they
+    removed was lost) and the norms. The writer thread turns them into a :class:`Step`
+    record."""
 
-    __slots__ = ("t", "opt", "step", "resets", "hits", "norms")
+    __slots__ = ("t", "opt", "step", "resets", "index", "hits", "norms")
 
-    def __init__(self, st: OptState, hits: list[int], norms: Any) -> None:
+    def __init__(self, st: OptState, hits: list[Any], norms: Any) -> None:
         self.t = time.time()
         self.opt = st.name
         self.step = st.step
         self.resets = st.pending
+        self.index = st.index
         self.hits = hits
         self.norms = norms
 
@@ -303,10 +332,9 @@ class UsualStep:
         acc = StepAcc()
         acc.fresh = acc.consumed = len(self.hits) - 1
         acc.bws.add(-self.hits[0])
-        acc.fresh_hits.append(self.hits)
         acc.norms = self.norms
-        return _record(seq, self.t, self.opt, self.step, False, acc, self.resets, _NO_JUDGED,
-                       _NO_PARAMS, _NO_PARAMS)
+        return _record(seq, self.t, self.opt, self.step, False, acc, self.resets, self.index,
+                       _NO_JUDGED, _NO_PARAMS, _NO_PARAMS)
 
 
 class PendingStep:
@@ -316,7 +344,7 @@ class PendingStep:
     sets, reset summaries, host copies of device norms) is the writer thread's work.
     """
 
-    __slots__ = ("t", "opt", "step", "skipped", "acc", "resets", "judged", "late",
+    __slots__ = ("t", "opt", "step", "skipped", "acc", "resets", "index", "judged", "late",
                  "discarded_params")
 
     def __init__(self, st: OptState, skipped: bool, judged: dict[str, list[Any]],
@@ -327,6 +355,7 @@ class PendingStep:
         self.skipped = skipped
         self.acc = st.acc
         self.resets = st.pending
+        self.index = st.index
         self.judged = judged
         """``how -> [contributions discarded, removed after a backward (late)]``."""
         self.late = late
@@ -335,19 +364,20 @@ class PendingStep:
     def to_record(self, seq: int) -> Step:
         """The finished record (device norms are copied to the host here, in the writer)."""
         return _record(seq, self.t, self.opt, self.step, self.skipped, self.acc, self.resets,
-                       self.judged, self.late, self.discarded_params)
+                       self.index, self.judged, self.late, self.discarded_params)
 
 
 def _record(seq: int, t: float, opt: str, step: int, skipped: bool, acc: StepAcc,
-            resets_since: list[PendingReset], judged: dict[str, list[Any]],
-            late: AbstractSet[int], discarded_params: AbstractSet[int]) -> Step:
+            resets_since: list[PendingReset], index: dict[int, int],
+            judged: dict[str, list[Any]], late: AbstractSet[int],
+            discarded_params: AbstractSet[int]) -> Step:
     """A :class:`Step` record from a step's facts (in the writer thread)."""
     by_how: dict[str, set[int]] = {}
     for how, ks, _, hit_lists in resets_since:
         params = by_how.setdefault(how, set())
         params.update(ks)
         for hits in hit_lists:  # indices and (negative) backward markers
-            params.update(hits)
+            params.update(indices(hits, index))
     resets = []
     discarded = 0
     for how, params in by_how.items():

@@ -91,14 +91,15 @@ class OptState:
         """``id(param) -> k``: the parameters are held by ``params``, so ids stay theirs."""
         self.hits: list[int] = []
         """``incoming`` as indices (:meth:`pull`): param index or ``-bw`` backward marker.
-        Folded lazily: the usual step counts it in bulk."""
+        Folded lazily: the usual step counts it in bulk (the textbook step never pulls: it
+        takes ``incoming`` as it is, see :func:`indices`)."""
         self.armed_bws: dict[int, ArmedBackward] = {}
         """Backward ids started while this optimizer was armed, with the ``.grad`` state
         around them (the rare path of hand-written resets), until their hits are folded:
         while any is here, steps take the per-parameter way."""
         self.cur_bw = 0
         self.lazy_old: list[list[Any]] = []
-        """Hit lists consumed in bulk and not yet added into ``old``."""
+        """Hit lists consumed in bulk and not yet added into ``old`` (:func:`indices`)."""
         self.dirty = False
         """``old``/``new`` may hold content (else they are all zero/empty)."""
         self.norm_plan: Any = False
@@ -204,9 +205,9 @@ class OptState:
         """Add the bulk-consumed hits into the per-parameter ``old`` counts."""
         if not self.lazy_old:
             return
-        old = self.old
+        old, index = self.old, self.index
         for hits in self.lazy_old:
-            for h in hits:
+            for h in indices(hits, index):
                 if h >= 0:
                     old[h] += 1
                     self.dirty = True
@@ -269,6 +270,16 @@ class OptState:
         self.old = [0] * len(old)
         self.dirty = False
         self.pending.append((how, ks, removed, lazy))
+
+
+def indices(hits: list[Any], index: dict[int, int]) -> list[int]:
+    """A consumed hit list as indices. The usual step keeps the hooks' list as it was: its
+    backward's marker, then the parameters themselves (see
+    :func:`~gradwatch.probe.judge.plain_step`); they are looked up here, on the rare paths
+    and in the writer thread. Any other hit list holds indices already."""
+    if len(hits) > 1 and type(hits[1]) is not int:
+        return [hits[0], *map(index.__getitem__, map(id, hits[1:]))]
+    return hits
 
 
 PendingReset = tuple[str, Sequence[int], Sequence[tuple[int, list[int]]], Sequence[list[Any]]]

@@ -17,6 +17,7 @@ import torch
 import gradwatch
 from gradwatch.analysis import judge
 from gradwatch.probe import judge as probe_judge
+from gradwatch.probe.state import OptState
 from gradwatch.steplog import read_log
 from gradwatch.wire import Reset, Step
 
@@ -173,7 +174,31 @@ def test_textbook_loop_takes_the_one_pass_way_every_step_after_the_first(
         return real_usual(*a)
 
     monkeypatch.setattr(probe_judge, "_usual_step", counted)
+    pulls = {"n": 0}
+    real_pull = OptState.pull
+
+    def pull(st: OptState) -> None:
+        pulls["n"] += 1
+        real_pull(st)
+
+    monkeypatch.setattr(OptState, "pull", pull)
     steps, findings = _run(tmp_path, _textbook, 1, "textbook")
     assert len(steps) == 6 and not findings
     assert general["n"] == 0
     assert one_pass["n"] == 6  # one backward per step: the one-pass step every time
+    assert pulls["n"] == 0  # it takes the hooks' list whole: no parameter lookups
+    assert all(r["resets"][0]["params"] == [0, 1, 2, 3] for r in steps[1:])  # every param
+
+
+def test_one_optimizer_keeps_no_first_consumers(tmp_path: Path) -> None:
+    """Leaks need two optimizers: with one, no backward's first consumer is kept (nor its
+    memory); a second optimizer attached later starts keeping them."""
+    m = mlp(seed=3)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    with gradwatch.watch(opt, log=tmp_path / "one.jsonl") as h:
+        _textbook(m, opt)
+        assert h.tracker.first == {}
+        other = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+        h.tracker.attach(other)
+        _textbook(m, opt)
+        assert len(h.tracker.first) == 6
