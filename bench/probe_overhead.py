@@ -12,6 +12,9 @@ Figures are printed twice from the same run: wall-clock time and process CPU tim
 also as a paired estimate (the cost block by block, then the median over blocks), which a
 slow spell of a shared machine disturbs least.
 
+Apart from the targets, long blocks measure what the probe's writer thread costs the
+training thread: its drains hold the GIL, and the training thread waits for it.
+
 Run: ``python bench/probe_overhead.py [--blocks N] [--steps N] [--threads N]``
 """
 
@@ -46,8 +49,9 @@ def _many() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
 
 MODES = ("baseline", "judging", "norms", "unwritten", "hooks", "reader")
 """``unwritten``, ``hooks`` and ``reader`` take the cost apart (no targets): ``unwritten``
-is norms every step with the records dropped instead of handed to the writer thread (what
-the writer's work costs the training thread); ``hooks`` is a no-op Python
+is norms every step with the records dropped instead of handed to the writer thread (a
+block ends before the writer's first drain, 0.1 s after the watch starts, so the writer's
+own work is measured apart, by :func:`writer_waits`); ``hooks`` is a no-op Python
 post-accumulate-grad hook on every parameter, what a tracker with a Python hook per
 parameter pays (the probe's hooks are bound ``list.append`` and pay less);
 ``reader`` is a bare step pre-hook running the floor's kernels where the step reads the
@@ -57,8 +61,7 @@ gradients (in place, not right after the step as the floor is timed) and keeping
 Clock = Callable[[], float]
 CLOCKS: dict[str, Clock] = {"wall": time.perf_counter, "cpu": time.process_time}
 """``cpu`` is the whole process's CPU time (training thread, writer thread, torch threads):
-on a shared machine it is far steadier than wall time, and it still charges the probe's
-writer thread to the probe."""
+on a shared machine it is far steadier than wall time."""
 
 
 def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, torch.Tensor]],
@@ -155,6 +158,41 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
     return out
 
 
+def writer_waits(make: Callable[[], tuple[torch.nn.Module, torch.Tensor, torch.Tensor]],
+                 blocks: int, seconds: float, tmp: Path) -> dict[str, float]:
+    """The training thread's time off the CPU per step, mostly waits for the GIL, with
+    norms every step: records written (the writer thread drains every 0.1 s) and records
+    dropped (no writer work). The interleaved blocks of :func:`bench` last less than a
+    poll of the writer, so they never see its drains (and medians would hide them): these
+    blocks last ``seconds`` each, alternating, and report means (microseconds)."""
+    torch.manual_seed(0)
+    model, x, y = make()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    loss_fn = torch.nn.functional.cross_entropy
+    off: dict[str, list[float]] = {"written": [], "dropped": []}
+    wall, cpu = time.perf_counter, time.thread_time
+
+    def step() -> None:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    for b in range(2 * blocks):
+        mode = ("written", "dropped")[b % 2]
+        handle = gradwatch.watch(opt, log=tmp / f"waits-{mode}-{b}.jsonl")
+        if mode == "dropped":
+            handle.tracker.emit = lambda _record: None
+        for _ in range(3):
+            step()
+        n, w0, c0 = 0, wall(), cpu()
+        while wall() - w0 < seconds:
+            step()
+            n += 1
+        off[mode].append(((wall() - w0) - (cpu() - c0)) / n * 1e6)
+        handle.close()
+    return {m: statistics.mean(v) for m, v in off.items()}
+
+
 PHASES = ("zero_grad", "forward", "backward", "step")
 
 
@@ -192,6 +230,13 @@ def paired(t: dict[str, list[float]], steps: int) -> dict[str, float]:
     return out
 
 
+def report_waits(w: dict[str, float], floor_ms: float) -> None:
+    extra = w["written"] - w["dropped"]
+    print(f"  the writer's drains, long blocks (means): the training thread waits off the CPU "
+          f"{w['written']:.1f} us a step with records written, {w['dropped']:.1f} with them "
+          f"dropped: {extra:+.1f} us = {extra / (floor_ms * 1e3):+.2f} x floor")
+
+
 def report(name: str, target: float, r: dict[str, float], clock: str) -> None:
     base, judging, norms, floor = r["baseline"], r["judging"], r["norms"], r["floor"]
     budget = base + 1.5 * floor
@@ -212,7 +257,8 @@ def report(name: str, target: float, r: dict[str, float], clock: str) -> None:
     hooks, reader, unwritten = r["paired_hooks"], r["paired_reader"], r["paired_unwritten"]
     print(f"  taken apart (paired, x floor): bare reader in place (the floor's kernels) "
           f"{reader:.2f}, the probe's training-thread work beyond it {unwritten - reader:.2f}"
-          f", its writer thread {r['paired_norms'] - unwritten:.2f}; for scale, a no-op "
+          f", handing records to the writer {r['paired_norms'] - unwritten:.2f}; for scale, "
+          f"a no-op "
           f"Python hook on every parameter {hooks:.2f}")
     if "phase_norms_step" in r:
         print(f"  by phase (paired, us over the baseline: {' / '.join(PHASES)}):")
@@ -228,6 +274,10 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=60)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--wait-blocks", type=int, default=4,
+                    help="blocks of each kind for the writer's waits")
+    ap.add_argument("--wait-seconds", type=float, default=1.0,
+                    help="seconds per block for the writer's waits")
     args = ap.parse_args()
     logging.getLogger("gradwatch").setLevel(logging.ERROR)
     torch.set_num_threads(args.threads)
@@ -237,8 +287,11 @@ def main() -> None:
         for name, make, target in (("MLP 784-512-512-10, batch 64", _mlp, 1.03),
                                    ("200 x Linear(64,64), batch 64", _many, 1.05)):
             r = bench(name.split()[0], make, args.blocks, args.steps, Path(d))
+            w = writer_waits(make, args.wait_blocks, args.wait_seconds, Path(d))
             for clock in CLOCKS:
                 report(name, target, r[clock], clock)
+                if clock == "wall":
+                    report_waits(w, r[clock]["floor"])
 
 
 if __name__ == "__main__":

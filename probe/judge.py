@@ -40,7 +40,7 @@ from operator import is_, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from gradwatch.probe import norms as _norms
-from gradwatch.probe.state import OptState, PendingReset, StepAcc, indices
+from gradwatch.probe.state import Lookup, OptState, PendingReset, StepAcc
 from gradwatch.wire import Reset, Step, trusted
 
 if TYPE_CHECKING:
@@ -316,14 +316,14 @@ class UsualStep:
     removed was lost) and the norms. The writer thread turns them into a :class:`Step`
     record."""
 
-    __slots__ = ("t", "opt", "step", "resets", "index", "hits", "norms")
+    __slots__ = ("t", "opt", "step", "resets", "lookup", "hits", "norms")
 
     def __init__(self, st: OptState, hits: list[Any], norms: Any) -> None:
         self.t = time.time()
         self.opt = st.name
         self.step = st.step
         self.resets = st.pending
-        self.index = st.index
+        self.lookup = st.lookup
         self.hits = hits
         self.norms = norms
 
@@ -333,7 +333,7 @@ class UsualStep:
         acc.fresh = acc.consumed = len(self.hits) - 1
         acc.bws.add(-self.hits[0])
         acc.norms = self.norms
-        return _record(seq, self.t, self.opt, self.step, False, acc, self.resets, self.index,
+        return _record(seq, self.t, self.opt, self.step, False, acc, self.resets, self.lookup,
                        _NO_JUDGED, _NO_PARAMS, _NO_PARAMS)
 
 
@@ -344,7 +344,7 @@ class PendingStep:
     sets, reset summaries, host copies of device norms) is the writer thread's work.
     """
 
-    __slots__ = ("t", "opt", "step", "skipped", "acc", "resets", "index", "judged", "late",
+    __slots__ = ("t", "opt", "step", "skipped", "acc", "resets", "lookup", "judged", "late",
                  "discarded_params")
 
     def __init__(self, st: OptState, skipped: bool, judged: dict[str, list[Any]],
@@ -355,7 +355,7 @@ class PendingStep:
         self.skipped = skipped
         self.acc = st.acc
         self.resets = st.pending
-        self.index = st.index
+        self.lookup = st.lookup
         self.judged = judged
         """``how -> [contributions discarded, removed after a backward (late)]``."""
         self.late = late
@@ -364,11 +364,11 @@ class PendingStep:
     def to_record(self, seq: int) -> Step:
         """The finished record (device norms are copied to the host here, in the writer)."""
         return _record(seq, self.t, self.opt, self.step, self.skipped, self.acc, self.resets,
-                       self.index, self.judged, self.late, self.discarded_params)
+                       self.lookup, self.judged, self.late, self.discarded_params)
 
 
 def _record(seq: int, t: float, opt: str, step: int, skipped: bool, acc: StepAcc,
-            resets_since: list[PendingReset], index: dict[int, int],
+            resets_since: list[PendingReset], lookup: Lookup,
             judged: dict[str, list[Any]], late: AbstractSet[int],
             discarded_params: AbstractSet[int]) -> Step:
     """A :class:`Step` record from a step's facts (in the writer thread)."""
@@ -377,7 +377,7 @@ def _record(seq: int, t: float, opt: str, step: int, skipped: bool, acc: StepAcc
         params = by_how.setdefault(how, set())
         params.update(ks)
         for hits in hit_lists:  # indices and (negative) backward markers
-            params.update(indices(hits, index))
+            params.update(lookup.params(hits))
     resets = []
     discarded = 0
     for how, params in by_how.items():

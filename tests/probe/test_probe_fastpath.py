@@ -17,7 +17,7 @@ import torch
 import gradwatch
 from gradwatch.analysis import judge
 from gradwatch.probe import judge as probe_judge
-from gradwatch.probe.state import OptState
+from gradwatch.probe.state import Lookup, OptState
 from gradwatch.steplog import read_log
 from gradwatch.wire import Reset, Step
 
@@ -202,3 +202,15 @@ def test_one_optimizer_keeps_no_first_consumers(tmp_path: Path) -> None:
         h.tracker.attach(other)
         _textbook(m, opt)
         assert len(h.tracker.first) == 6
+
+
+def test_lookup_checks_its_memo_by_identity() -> None:
+    """The writer's lookup of a textbook step's parameters reuses the last one only for the
+    very same parameters in the same order (one-element parameters with equal values too)."""
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(3)]
+    lookup = Lookup({id(p): k for k, p in enumerate(params)})
+    assert lookup.params([-1, params[2], params[1], params[0]]) == [2, 1, 0]
+    assert lookup.params([-2, params[2], params[1], params[0]]) == [2, 1, 0]
+    assert lookup.params([-3, params[0], params[1], params[2]]) == [0, 1, 2]
+    assert lookup.params([-4, params[1]]) == [1]
+    assert lookup.params([-5, 2, -6, 1]) == [-5, 2, -6, 1]  # an index list: as it is
