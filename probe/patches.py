@@ -97,9 +97,17 @@ _graph_task_id = torch._C._current_graph_task_id
 
 def _make_backward(orig: Any) -> Any:
     def backward(*args: Any, **kwargs: Any) -> Any:
-        if not _active or _graph_task_id() != -1:  # nested: part of the running backward
+        active = _active
+        if not active or _graph_task_id() != -1:  # nested: part of the running backward
             return orig(*args, **kwargs)
-        armed = [(t, a) for t in _active if (a := t.begin()) is not None]
+        if len(active) == 1:
+            t = active[0]
+            a = t.begin()
+            if a is None:  # nothing armed: nothing to take after the engine
+                return orig(*args, **kwargs)
+            armed = [(t, a)]
+        else:
+            armed = [(t, a) for t in active if (a := t.begin()) is not None]
         try:
             return orig(*args, **kwargs)
         finally:

@@ -37,7 +37,9 @@ log = logging.getLogger("gradwatch.probe")
 
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 _MAX_HITS = 1_000_000
-"""Raw hits kept per optimizer before they are folded (backwards with no step nor reset)."""
+"""Raw hits kept per optimizer before they are folded (backwards with no step nor reset),
+checked every :data:`_CHECK_EVERY` backwards."""
+_CHECK_EVERY = 1024
 
 
 def _in_backward() -> bool:
@@ -47,7 +49,8 @@ def _in_backward() -> bool:
 class Tracker:
     """Tracks the optimizers of one watch session and produces step records."""
 
-    __slots__ = ("mode", "bw", "phase", "stepped_since_bw", "by_opt", "by_param", "first",
+    __slots__ = ("mode", "bw", "phase", "stepped_since_bw", "by_opt", "marks", "by_param",
+                 "first",
                  "observed", "handles", "armed", "emit", "norms_every", "namer", "auto",
                  "on_disable", "disabled", "steps", "_names_taken")
 
@@ -60,6 +63,8 @@ class Tracker:
         self.phase = 0
         self.stepped_since_bw = False
         self.by_opt: dict[Any, OptState] = {}
+        self.marks: list[Callable[[int], None]] = []
+        """Each optimizer's ``incoming.append``: where a backward's marker goes."""
         self.by_param: dict[torch.Tensor, list[tuple[OptState, int]]] = {}
         self.first: dict[int, tuple[int, int]] = {}
         """Backward id -> (optimizer uid, phase) of the first step that consumed it."""
@@ -97,6 +102,7 @@ class Tracker:
         self._names_taken.add(name)
         st = OptState(opt, len(self.by_opt), name, params, groups)
         self.by_opt[opt] = st
+        self.marks.append(st.incoming.append)
         self._track(st, range(len(params)))
         st.instance_hooks = instance_hooks
         if instance_hooks:  # torch.compile must not trace into it
@@ -170,15 +176,17 @@ class Tracker:
         if self.mode < 0:
             return None
         try:
-            self.bw += 1
+            bw = self.bw = self.bw + 1
             if self.stepped_since_bw:
                 self.phase += 1
                 self.stepped_since_bw = False
-            marker = -self.bw
-            for st in self.by_opt.values():
-                if len(st.incoming) > _MAX_HITS:
-                    st.sync()
-                st.incoming.append(marker)
+            if not bw % _CHECK_EVERY:
+                for st in self.by_opt.values():
+                    if len(st.incoming) > _MAX_HITS:
+                        st.sync()
+            marker = -bw
+            for mark in self.marks:
+                mark(marker)
             if not self.armed:
                 return None
             armed = []

@@ -229,3 +229,29 @@ def test_records_are_numbered_in_order(tmp_path: Path) -> None:
     kinds = {type(r).__name__ for r in log.records}
     assert {"Step", "OptimizerInfo", "End"} <= kinds
     assert [log.header.seq, *(r.seq for r in log.records)] == list(range(len(log.records) + 1))
+
+
+def test_backwards_without_a_step_are_folded_not_kept_raw(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backwards with no step nor reset between them (gradients computed for analysis)
+    fold their hooks' list every so often instead of growing it without bound, and the
+    step after them still counts exactly what it consumed."""
+    from gradwatch.probe import tracker as probe_tracker
+
+    monkeypatch.setattr(probe_tracker, "_MAX_HITS", 12)
+    monkeypatch.setattr(probe_tracker, "_CHECK_EVERY", 4)
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    path = tmp_path / "fold.jsonl"
+    with gradwatch.watch(opt, log=path) as h:
+        st = h.tracker.by_opt[opt]
+        longest = 0
+        for i in range(40):  # 5 entries a backward: a marker and 4 parameters
+            loss_of(m, i).backward()
+            longest = max(longest, len(st.incoming))
+        assert longest <= 12 + 4 * 5
+        opt.zero_grad()
+        loss_of(m, 40).backward()
+        opt.step()
+    steps = [r for r in read_log(path).records if isinstance(r, Step)]
+    assert [(s.backwards, s.consumed, s.stale) for s in steps] == [(1, 4, 0)]
