@@ -63,9 +63,9 @@ class CpuPlan:
       Large tensors keep ``_foreach_norm``.
     - No groups, float32 or float64 contiguous gradients (the usual model): each norm is
       the square root of a BLAS dot of the gradient with itself, all read at once. On the
-      MLP of ``bench/probe_overhead.py`` it costs less in place at step time (gradients
-      cold from the backward) than ``_foreach_norm`` (three runs of each, each measured
-      against its own run's bare reader), though more alone on warm gradients.
+      MLP of ``bench/probe_overhead.py`` it costs no more in place at step time (gradients
+      cold from the backward) than ``_foreach_norm`` (runs of each, measured against the
+      bench's bare reader), though more alone on warm gradients.
       Both sum the squares in the gradient's dtype, so they overflow to Inf and underflow
       to 0 alike, and NaN stays NaN. A half-precision dot overflows where ``vector_norm``
       does not: other dtypes keep ``_foreach_norm``.
