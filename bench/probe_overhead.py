@@ -15,7 +15,8 @@ slow spell of a shared machine disturbs least.
 Apart from the targets, long blocks measure what the probe's writer thread costs the
 training thread: its drains hold the GIL, and the training thread waits for it.
 
-Run: ``python bench/probe_overhead.py [--blocks N] [--steps N] [--threads N]``
+Run: ``python bench/probe_overhead.py [--blocks N] [--steps N] [--threads N]
+[--wait-blocks N] [--wait-seconds S]``
 """
 
 from __future__ import annotations
@@ -258,8 +259,7 @@ def report(name: str, target: float, r: dict[str, float], clock: str) -> None:
     print(f"  taken apart (paired, x floor): bare reader in place (the floor's kernels) "
           f"{reader:.2f}, the probe's training-thread work beyond it {unwritten - reader:.2f}"
           f", handing records to the writer {r['paired_norms'] - unwritten:.2f}; for scale, "
-          f"a no-op "
-          f"Python hook on every parameter {hooks:.2f}")
+          f"a no-op Python hook on every parameter {hooks:.2f}")
     if "phase_norms_step" in r:
         print(f"  by phase (paired, us over the baseline: {' / '.join(PHASES)}):")
         for m, label in (("hooks", "no-op hooks"), ("reader", "bare reader"),

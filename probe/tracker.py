@@ -50,9 +50,8 @@ class Tracker:
     """Tracks the optimizers of one watch session and produces step records."""
 
     __slots__ = ("mode", "bw", "phase", "stepped_since_bw", "by_opt", "marks", "by_param",
-                 "first",
-                 "observed", "handles", "armed", "emit", "norms_every", "namer", "auto",
-                 "on_disable", "disabled", "steps", "_names_taken")
+                 "first", "observed", "handles", "armed", "emit", "norms_every", "namer",
+                 "auto", "on_disable", "disabled", "steps", "_names_taken")
 
     def __init__(self, emit: Callable[[Any], None], *, norms_every: int = 1,
                  namer: Callable[[list[torch.Tensor]], list[str]] | None = None,
