@@ -23,8 +23,9 @@ after a skipped step throws away non-finite gradients on purpose).
 
 Cost: the usual step (every gradient reset by zero_grad since it was last consumed) takes
 a bulk path that counts the hooks' hit list without touching parameters one by one:
-:func:`_usual_step`, the whole step in one pass, after one backward; :func:`_consume_fast`
-after several. Only a gradient still holding consumed content, a missing gradient
+:func:`_usual_step`, the whole step in one pass, after one backward (the hooks' list taken
+whole, its parameters looked up by the writer thread); :func:`_consume_fast` after
+several. Only a gradient still holding consumed content, a missing gradient
 that had a contribution, a leak, or the armed path (hand-written resets) folds the hits per
 parameter (:func:`_consume_slow`).
 """
