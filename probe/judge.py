@@ -33,8 +33,7 @@ parameter (:func:`_consume_slow`).
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import repeat
 from operator import is_, itemgetter
@@ -373,19 +372,15 @@ def _record(seq: int, t: float, opt: str, step: int, skipped: bool, acc: StepAcc
             judged: dict[str, list[Any]], late: AbstractSet[int],
             discarded_params: AbstractSet[int]) -> Step:
     """A :class:`Step` record from a step's facts (in the writer thread)."""
-    by_how: dict[str, set[int]] = {}
+    by_how: dict[str, list[tuple[Sequence[int], Sequence[list[Any]]]]] = {}
     for how, ks, _, hit_lists in resets_since:
-        params = by_how.setdefault(how, set())
-        params.update(ks)
-        for hits in hit_lists:  # indices and (negative) backward markers
-            params.update(lookup.params(hits))
+        by_how.setdefault(how, []).append((ks, hit_lists))
     resets = []
     discarded = 0
-    for how, params in by_how.items():
+    for how, parts in by_how.items():
         d, after = judged.get(how, (0, False))
         discarded += d
-        ordered = sorted(params)
-        resets.append(trusted(Reset, {"how": how, "params": ordered[bisect_left(ordered, 0):],
+        resets.append(trusted(Reset, {"how": how, "params": lookup.reset_params(parts),
                                       "discarded": d, "after_backward": after}))
     norm = fresh_norm = drift = per = fresh = None
     if acc.norms is not None:

@@ -20,6 +20,7 @@ Resets append to ``pending``; the step that follows judges them.
 from __future__ import annotations
 
 import weakref
+from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import islice
 from operator import is_
@@ -289,15 +290,17 @@ def indices(hits: list[Any], index: dict[int, int]) -> list[int]:
 class Lookup:
     """The writer thread's :func:`indices`, for one optimizer: a textbook loop's hooks
     append the same parameters in the same order every step, so the last list looked up is
-    kept and the next one is checked against it by identity, which costs a fraction of
-    looking each parameter up. Used by one thread only."""
+    kept (and the sorted parameters of a reset that consumed it) and the next one is checked
+    against it by identity, which costs a fraction of looking each parameter up. Used by
+    one thread only."""
 
-    __slots__ = ("index", "_last", "_looked_up")
+    __slots__ = ("index", "_last", "_looked_up", "_ordered")
 
     def __init__(self, index: dict[int, int]) -> None:
         self.index = index
         self._last: list[Any] = []
         self._looked_up: list[int] = []
+        self._ordered: list[int] | None = None
 
     def params(self, hits: list[Any]) -> list[int]:
         """The parameter indices in a consumed hit list (an index list's negative backward
@@ -309,7 +312,27 @@ class Lookup:
                                                  islice(last, 1, None))):
             self._looked_up = list(map(self.index.__getitem__, map(id, islice(hits, 1, None))))
             self._last = hits
+            self._ordered = None
         return self._looked_up
+
+    def reset_params(self, parts: list[tuple[Sequence[int], Sequence[list[Any]]]]
+                     ) -> list[int]:
+        """The sorted indices of the parameters that resets of one kind covered, each reset
+        given as ``(its parameters, the hit lists it cleared)``. The textbook loop's reset
+        (one ``zero_grad`` clearing one step's list) reuses the last answer."""
+        if len(parts) == 1 and not parts[0][0] and len(parts[0][1]) == 1:
+            looked_up = self.params(parts[0][1][0])
+            if looked_up is self._looked_up:  # a list as the hooks left it: no markers
+                if self._ordered is None:
+                    self._ordered = sorted(set(looked_up))
+                return list(self._ordered)
+        params: set[int] = set()
+        for ks, hit_lists in parts:
+            params.update(ks)
+            for hits in hit_lists:
+                params.update(self.params(hits))
+        ordered = sorted(params)
+        return ordered[bisect_left(ordered, 0):]  # without the backward markers
 
 
 PendingReset = tuple[str, Sequence[int], Sequence[tuple[int, list[int]]], Sequence[list[Any]]]

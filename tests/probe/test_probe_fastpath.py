@@ -214,3 +214,18 @@ def test_lookup_checks_its_memo_by_identity() -> None:
     assert lookup.params([-3, params[0], params[1], params[2]]) == [0, 1, 2]
     assert lookup.params([-4, params[1]]) == [1]
     assert lookup.params([-5, 2, -6, 1]) == [-5, 2, -6, 1]  # an index list: as it is
+
+
+def test_lookup_reset_params() -> None:
+    """A reset's parameters, sorted, without backward markers: the textbook reset (one
+    list as the hooks left it) from the memo, as a copy; any other from its parts."""
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(3)]
+    lookup = Lookup({id(p): k for k, p in enumerate(params)})
+    one = [-1, params[2], params[0], params[2]]  # a reentrant backward: a parameter twice
+    first = lookup.reset_params([((), [one])])
+    assert first == [0, 2]
+    first.append(99)  # the caller's own list
+    assert lookup.reset_params([((), [[-2, params[2], params[0], params[2]]])]) == [0, 2]
+    assert lookup.reset_params([((), [[-3, params[1]]])]) == [1]
+    assert lookup.reset_params([((1,), [[-4, 2, 0, -5, 2]]), ((), [one])]) == [0, 1, 2]
+    assert lookup.reset_params([((2,), ())]) == [2]
