@@ -65,12 +65,21 @@ CLOCKS: dict[str, Clock] = {"wall": time.perf_counter, "cpu": time.process_time}
 on a shared machine it is far steadier than wall time."""
 
 
-def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, torch.Tensor]],
-          blocks: int, steps: int, tmp: Path) -> dict[str, dict[str, float]]:
+Make = Callable[[], tuple[torch.nn.Module, torch.Tensor, torch.Tensor]]
+
+
+def _setup(make: Make) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor,
+                                torch.optim.Optimizer]:
+    """The model, its batch and its optimizer, the same in every measurement."""
     torch.manual_seed(0)
     model, x, y = make()
+    return model, x, y, torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+
+
+def bench(name: str, make: Make,
+          blocks: int, steps: int, tmp: Path) -> dict[str, dict[str, float]]:
+    model, x, y, opt = _setup(make)
     params = list(model.parameters())
-    opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9)
     loss_fn = torch.nn.functional.cross_entropy
     modes = (*MODES, "floor", "kernels")
     times: dict[str, dict[str, list[float]]] = {c: {m: [] for m in modes} for c in CLOCKS}
@@ -159,16 +168,13 @@ def bench(name: str, make: Callable[[], tuple[torch.nn.Module, torch.Tensor, tor
     return out
 
 
-def writer_waits(make: Callable[[], tuple[torch.nn.Module, torch.Tensor, torch.Tensor]],
-                 blocks: int, seconds: float, tmp: Path) -> dict[str, float]:
+def writer_waits(make: Make, blocks: int, seconds: float, tmp: Path) -> dict[str, float]:
     """The training thread's time off the CPU per step, mostly waits for the GIL, with
     norms every step: records written (the writer thread drains every 0.1 s) and records
     dropped (no writer work). The interleaved blocks of :func:`bench` last less than a
     poll of the writer, so they never see its drains (and medians would hide them): these
     blocks last ``seconds`` each, alternating, and report means (microseconds)."""
-    torch.manual_seed(0)
-    model, x, y = make()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    model, x, y, opt = _setup(make)
     loss_fn = torch.nn.functional.cross_entropy
     off: dict[str, list[float]] = {"written": [], "dropped": []}
     wall, cpu = time.perf_counter, time.thread_time

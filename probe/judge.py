@@ -122,7 +122,7 @@ def plain_step(tr: Tracker, st: OptState) -> PendingStep | UsualStep:
     skips the per-parameter checks of ``consume`` and the judging loop of ``finalize``:
     :func:`_usual_step` when one backward filled the gradients (the textbook loop; its
     hooks' list is taken whole, with no lookup of the parameters, see
-    :func:`~gradwatch.probe.state.indices`), :func:`_consume_fast` when several did
+    :func:`~gradwatch.probe.state.param_indices`), :func:`_consume_fast` when several did
     (accumulation).
     """
     if not (st.dirty or st.lazy_old or st.armed_bws or any(map(_removed, st.pending))):
@@ -140,11 +140,7 @@ def plain_step(tr: Tracker, st: OptState) -> PendingStep | UsualStep:
                     return _usual_step(tr, st, grads, hits)
             else:
                 st.pull()
-                if taken := _take_bulk(tr, st):
-                    hits, bws, total = taken
-                    if total == len(hits) - 1 > 0 and hits[0] < 0:  # one backward, from its start
-                        return _usual_step(tr, st, grads, hits)
-                    _count_bulk(st.acc, hits, bws, total)
+                if _consume_fast(tr, st):
                     _sample_and_mark(tr, st, grads, [], [], False)
                     return _close_step(tr, st, PendingStep(st, False, _NO_JUDGED, _NO_PARAMS,
                                                            _NO_PARAMS))
@@ -169,20 +165,10 @@ _NO_PARAMS: frozenset[int] = frozenset()
 
 
 def _consume_fast(tr: Tracker, st: OptState) -> bool:
-    """No gradient holds consumed content: counts the hits in bulk into the step's
-    accumulator. Returns False (changing nothing) when a leak needs the per-parameter path.
-    """
-    taken = _take_bulk(tr, st)
-    if taken is not None:
-        _count_bulk(st.acc, *taken)
-    return taken is not None
-
-
-def _take_bulk(tr: Tracker, st: OptState) -> tuple[list[int], list[int], int] | None:
-    """Take the hit list whole, after any number of backwards: ``(hits, backward ids,
-    contributions)``, the backwards recorded as consumed here first and the hits kept for
-    the next reset. None, changing nothing, when a contribution leaked from another
-    optimizer's earlier phase (counted per parameter)."""
+    """No gradient holds consumed content: counts the hits (pulled) in bulk into the step's
+    accumulator, after any number of backwards, and keeps them for the next reset. Returns
+    False, changing nothing, when a contribution leaked from another optimizer's earlier
+    phase (counted per parameter)."""
     hits = st.hits
     n = len(hits)
     if n and (h0 := hits[0]) < 0 and min(hits) == h0:
@@ -195,12 +181,18 @@ def _take_bulk(tr: Tracker, st: OptState) -> tuple[list[int], list[int], int] | 
         if n and hits[0] >= 0:
             bws.append(st.cur_bw)
     if not _claim(tr, st, bws):
-        return None  # leaked contributions: count them per parameter
+        return False
     if marks:
         st.cur_bw = -hits[marks[-1]]
     st.hits = []
     st.lazy_old.append(hits)
-    return hits, bws, n - len(marks)
+    total = n - len(marks)
+    acc = st.acc
+    acc.fresh += total
+    acc.consumed += total
+    acc.bws.update(bws)
+    acc.fresh_hits.append(hits)
+    return True
 
 
 def _claim(tr: Tracker, st: OptState, bws: Iterable[int]) -> bool:
@@ -218,14 +210,6 @@ def _claim(tr: Tracker, st: OptState, bws: Iterable[int]) -> bool:
     for b in bws:
         first.setdefault(b, (uid, phase))
     return True
-
-
-def _count_bulk(acc: StepAcc, hits: list[int], bws: list[int], total: int) -> None:
-    """Hits taken by :func:`_take_bulk`, all fresh, into the step's accumulator."""
-    acc.fresh += total
-    acc.consumed += total
-    acc.bws.update(bws)
-    acc.fresh_hits.append(hits)
 
 
 def _consume_slow(tr: Tracker, st: OptState, grads: list[Any]) -> tuple[list[int],
@@ -311,10 +295,9 @@ def observe_skip(tr: Tracker, st: OptState) -> None:
 
 class UsualStep:
     """The facts of a step that :func:`_usual_step` took in one pass: its hits (one
-    backward marker, then its contributions: the parameters as the hooks appended them,
-    or their indices), the resets since the previous step (none judged: nothing they
-    removed was lost) and the norms. The writer thread turns them into a :class:`Step`
-    record."""
+    backward marker, then its contributions: the parameters as the hooks appended them),
+    the resets since the previous step (none judged: nothing they removed was lost) and
+    the norms. The writer thread turns them into a :class:`Step` record."""
 
     __slots__ = ("t", "opt", "step", "resets", "lookup", "hits", "norms")
 

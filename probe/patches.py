@@ -100,14 +100,12 @@ def _make_backward(orig: Any) -> Any:
         active = _active
         if not active or _graph_task_id() != -1:  # nested: part of the running backward
             return orig(*args, **kwargs)
-        if len(active) == 1:
-            t = active[0]
-            a = t.begin()
-            if a is None:  # nothing armed: nothing to take after the engine
-                return orig(*args, **kwargs)
-            armed = [(t, a)]
-        else:
-            armed = [(t, a) for t in active if (a := t.begin()) is not None]
+        armed = None
+        for t in active:
+            if (a := t.begin()) is not None:
+                armed = [*(armed or ()), (t, a)]
+        if armed is None:  # nothing armed (the usual case): nothing to take after the engine
+            return orig(*args, **kwargs)
         try:
             return orig(*args, **kwargs)
         finally:

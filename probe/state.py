@@ -97,14 +97,14 @@ class OptState:
         self.hits: list[int] = []
         """``incoming`` as indices (:meth:`pull`): param index or ``-bw`` backward marker.
         Folded lazily: the usual step counts it in bulk (the textbook step never pulls: it
-        takes ``incoming`` as it is, see :func:`indices`)."""
+        takes ``incoming`` as it is, see :func:`param_indices`)."""
         self.armed_bws: dict[int, ArmedBackward] = {}
         """Backward ids started while this optimizer was armed, with the ``.grad`` state
         around them (the rare path of hand-written resets), until their hits are folded:
         while any is here, steps take the per-parameter way."""
         self.cur_bw = 0
         self.lazy_old: list[list[Any]] = []
-        """Hit lists consumed in bulk and not yet added into ``old`` (:func:`indices`)."""
+        """Hit lists consumed in bulk and not yet added into ``old`` (:func:`param_indices`)."""
         self.dirty = False
         """``old``/``new`` may hold content (else they are all zero/empty)."""
         self.norm_plan: Any = False
@@ -212,7 +212,7 @@ class OptState:
             return
         old, index = self.old, self.index
         for hits in self.lazy_old:
-            for h in indices(hits, index):
+            for h in param_indices(hits, index):
                 if h >= 0:
                     old[h] += 1
                     self.dirty = True
@@ -277,22 +277,27 @@ class OptState:
         self.pending.append((how, ks, removed, lazy))
 
 
-def indices(hits: list[Any], index: dict[int, int]) -> list[int]:
-    """A consumed hit list as indices. The usual step keeps the hooks' list as it was: its
-    backward's marker, then the parameters themselves (see
-    :func:`~gradwatch.probe.judge.plain_step`); they are looked up here, on the rare paths
-    and in the writer thread. Any other hit list holds indices already."""
-    if len(hits) > 1 and type(hits[1]) is not int:
-        return [hits[0], *map(index.__getitem__, map(id, hits[1:]))]
-    return hits
+def _as_left(hits: list[Any]) -> bool:
+    """Whether a consumed hit list is as the hooks left it (the usual step keeps it so, see
+    :func:`~gradwatch.probe.judge.plain_step`): its backward's marker, then the parameters
+    themselves. Any other holds indices already."""
+    return len(hits) > 1 and type(hits[1]) is not int
+
+
+def param_indices(hits: list[Any], index: dict[int, int]) -> list[int]:
+    """The parameter indices in a consumed hit list, looked up where it is as the hooks
+    left it (an index list's negative backward markers left in)."""
+    if not _as_left(hits):
+        return hits
+    return list(map(index.__getitem__, map(id, islice(hits, 1, None))))
 
 
 class Lookup:
-    """The writer thread's :func:`indices`, for one optimizer: a textbook loop's hooks
-    append the same parameters in the same order every step, so the last list looked up is
-    kept (and the sorted parameters of a reset that consumed it) and the next one is checked
-    against it by identity, which costs a fraction of looking each parameter up. Used by
-    one thread only."""
+    """The writer thread's :func:`param_indices`, for one optimizer: a textbook loop's
+    hooks append the same parameters in the same order every step, so the last list looked
+    up is kept (and the sorted parameters of a reset that consumed it) and the next one is
+    checked against it by identity, which costs a fraction of looking each parameter up.
+    Used by one thread only."""
 
     __slots__ = ("index", "_last", "_looked_up", "_ordered")
 
@@ -303,14 +308,14 @@ class Lookup:
         self._ordered: list[int] | None = None
 
     def params(self, hits: list[Any]) -> list[int]:
-        """The parameter indices in a consumed hit list (an index list's negative backward
-        markers left in)."""
-        if len(hits) < 2 or type(hits[1]) is int:
+        """:func:`param_indices`, from the memo when ``hits`` holds the last list's
+        parameters."""
+        if not _as_left(hits):
             return hits
         last = self._last
         if len(hits) != len(last) or not all(map(is_, islice(hits, 1, None),
                                                  islice(last, 1, None))):
-            self._looked_up = list(map(self.index.__getitem__, map(id, islice(hits, 1, None))))
+            self._looked_up = param_indices(hits, self.index)
             self._last = hits
             self._ordered = None
         return self._looked_up
