@@ -210,11 +210,17 @@ def test_cpu_plan_dot_norms_are_vector_norms_to_the_edges_of_float32() -> None:
     want = [float(torch.linalg.vector_norm(x)) for x in grads]
     assert got[1] == want[1] == math.inf and got[2] == want[2] == 0.0  # float32's edges
     assert math.isnan(got[5]) and math.isnan(want[5]) and got[6] == want[6] == math.inf
+    as_tensor = plan.norms(grads)  # the same norms as one tensor (square roots on it)
+    assert as_tensor is not None and as_tensor.dtype == torch.float64  # (float64 promotes)
+    assert as_tensor.tolist()[:5] == pytest.approx(got[:5], rel=1e-6)
     del got[5:7], want[5:7]
     assert got == pytest.approx(want, rel=1e-6)
     assert got[3] > 0.0 and got[-1] > 1e100
 
     halves = [normal.half(), normal.half()]
+    reader = norms.CpuPlan.make(grads[:2])
+    assert reader is not None and reader.dot
+    assert reader.read(halves) is None and reader.failed  # read steps aside too
     assert plan.norms(halves) is None and plan.failed  # the model went half: it steps aside
     half_plan = norms.CpuPlan.make(halves)
     assert half_plan is not None and not half_plan.dot
