@@ -28,9 +28,7 @@ import torch
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _is_cpu = attrgetter("is_cpu")
-_dtype = attrgetter("dtype")
-_ravel = torch.Tensor.ravel
-_DOT_DTYPES = frozenset((torch.float32, torch.float64))
+_SLOT_DTYPES = frozenset((torch.float32, torch.float64))
 
 
 def _norm_list(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -61,14 +59,15 @@ class CpuPlan:
       a copy of it (3.2 MB there), and the allocator hands blocks that size back to the
       system: the next forward and backward then pay page faults for their own tensors.
       Large tensors keep ``_foreach_norm``.
-    - No groups, float32 or float64 contiguous gradients (the usual model): each norm is
-      the square root of a BLAS dot of the gradient with itself, all read at once. On the
-      MLP of ``bench/probe_overhead.py`` it costs no more in place at step time (gradients
-      cold from the backward) than ``_foreach_norm`` (runs of each, measured against the
-      bench's bare reader), though more alone on warm gradients.
-      Both sum the squares in the gradient's dtype, so they overflow to Inf and underflow
-      to 0 alike, and NaN stays NaN. A half-precision dot overflows where ``vector_norm``
-      does not: other dtypes keep ``_foreach_norm``.
+    - No groups, all gradients float32 or all float64 (the usual model): each norm is
+      written by ``linalg.vector_norm`` (the kernel ``_foreach_norm`` runs per tensor on
+      CPU, so the same values, Inf and NaN included) into a slot of one buffer the plan
+      keeps, and the buffer is copied to the host once. Stacking the norms instead (and
+      BLAS dots with a ``sqrt_`` after them, an earlier way) cost the MLP of
+      ``bench/probe_overhead.py`` 15-20 us more a step in place, right after the backward.
+      The ``out=`` slots refuse a gradient of another dtype or device before any kernel
+      runs (no sync), and one that requires grad (``create_graph``): the plan then retires.
+      Other dtypes keep ``_foreach_norm``.
 
     On GPU ``_foreach_norm`` is already one fused kernel and the stacked result is copied
     to the host once, so no plan is made.
@@ -99,10 +98,14 @@ class CpuPlan:
         for j, k in enumerate(order):
             inverse[k] = j
         self.inverse = torch.tensor(inverse, dtype=torch.long)
-        self.dot = not self.groups and all(
-            g.dtype in _DOT_DTYPES and g.is_contiguous() for g in grads)
-        """No groups, and every gradient float32 or float64 and contiguous (a dot would copy
-        a strided one first)."""
+        self.out: torch.Tensor | None = None
+        """No groups and one dtype, float32 or float64: the buffer the norms are written
+        into, one slot (a view) per gradient."""
+        self.slots: tuple[torch.Tensor, ...] = ()
+        dtypes = {g.dtype for g in grads}
+        if not self.groups and len(dtypes) == 1 and dtypes <= _SLOT_DTYPES:
+            self.out = torch.empty(len(grads), dtype=dtypes.pop())
+            self.slots = self.out.unbind()
         self.failed = False
         """Set once the gradients stopped fitting the plan; the generic way is used after."""
 
@@ -118,45 +121,41 @@ class CpuPlan:
         or the model moved off the CPU: reading there would sync)."""
         try:
             return self._grouped(grads) if self.groups else self._flat(grads)
-        except RuntimeError:
+        except (RuntimeError, ValueError):
             self.failed = True
             return None
 
     def read(self, grads: list[torch.Tensor]) -> list[float] | None:
         """:meth:`norms` on the host, in one copy: the usual CPU step reads them at once.
 
-        A dot plan copies the squares to the host and takes their square roots there: in
-        place, right after the backward, a ``sqrt_`` kernel on six values cost the MLP of
-        ``bench/probe_overhead.py`` about 15 us a step, as much as a tenth of its norms.
-
         Norms of gradients that require grad (``create_graph``) do build a graph, freed with
-        them right here, so no grad-mode switch is needed (it costs three calls a step).
+        them right here, so no grad-mode switch is needed (it costs three calls a step);
+        a plan with slots retires on them instead (``out=`` refuses them) and the caller
+        takes the generic way, grad mode off.
         """
-        if self.dot and not self.groups:
+        if self.out is not None:
             try:
-                squares = self._squares(grads)
-            except RuntimeError:
+                self._into_slots(grads)
+            except (RuntimeError, ValueError):
                 self.failed = True
                 return None
-            return list(map(math.sqrt, squares.tolist()))
-        out = self.norms(grads)
-        return None if out is None else out.tolist()
+            out: list[float] = self.out.tolist()
+            return out
+        norms = self.norms(grads)
+        return None if norms is None else norms.tolist()
 
     def _flat(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        if self.dot:
-            return self._squares(grads).sqrt_()
+        if self.out is not None:
+            self._into_slots(grads)
+            return self.out.clone()  # the buffer is written again next step
         if not all(map(_is_cpu, grads)):
             raise RuntimeError("gradients left the CPU")
         return torch.stack(torch._foreach_norm(grads))
 
-    def _squares(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """A dot plan's squared norms: each gradient's BLAS dot with itself, stacked."""
-        if not all(map(_is_cpu, grads)):
-            raise RuntimeError("gradients left the CPU")
-        if not _DOT_DTYPES.issuperset(map(_dtype, grads)):
-            raise RuntimeError("gradients changed dtype")
-        dot = torch.dot
-        return torch.stack([dot(v, v) for v in map(_ravel, grads)])
+    def _into_slots(self, grads: list[torch.Tensor]) -> None:
+        vector_norm = torch.linalg.vector_norm
+        for g, slot in zip(grads, self.slots, strict=True):
+            vector_norm(g, out=slot)
 
     def _grouped(self, grads: list[torch.Tensor]) -> torch.Tensor:
         pieces = []

@@ -192,40 +192,54 @@ def test_cpu_plan_chunks_groups_through_its_buffers(monkeypatch: pytest.MonkeyPa
         [float(torch.linalg.vector_norm(g)) for g in reshaped], rel=1e-6)
 
 
-def test_cpu_plan_dot_norms_are_vector_norms_to_the_edges_of_float32() -> None:
-    """Without groups the plan reads each norm as the square root of a dot. It answers what
-    ``vector_norm`` answers, also where float32 squares overflow or underflow, for zeros,
-    NaN and Inf, in float64; half precision (whose dot overflows early) is never dotted."""
+def test_cpu_plan_slots_read_the_floor_kernels_values_to_the_edges_of_float32() -> None:
+    """Without groups the plan writes each norm into a slot of one buffer and copies it to
+    the host once. It answers what ``_foreach_norm`` answers, bit for bit, also where
+    float32 squares overflow or underflow, for zeros, NaN and Inf, strided and float64;
+    a gradient of another dtype, or one that requires grad, retires the plan (no wrong
+    value); mixed or half precision gradients keep ``_foreach_norm``."""
     from gradwatch.probe import norms
 
     g = torch.Generator().manual_seed(0)
     normal = torch.randn(300, 300, generator=g)
     grads = [normal, normal * 1e18, normal * 1e-25, normal * 1e-21, torch.zeros(7),
-             torch.tensor([1.0, math.nan]), torch.tensor([1.0, math.inf]),
-             torch.randn(5, dtype=torch.float64, generator=g) * 1e100]
+             torch.tensor([1.0, math.nan]), torch.tensor([1.0, math.inf]), normal.t()]
     plan = norms.CpuPlan.make(grads)
-    assert plan is not None and plan.dot and not plan.groups
+    assert plan is not None and len(plan.slots) == len(grads) and not plan.groups
     got = plan.read(grads)
     assert isinstance(got, list)  # host floats
+    floor = [float(n) for n in torch._foreach_norm(grads)]
     want = [float(torch.linalg.vector_norm(x)) for x in grads]
     assert got[1] == want[1] == math.inf and got[2] == want[2] == 0.0  # float32's edges
     assert math.isnan(got[5]) and math.isnan(want[5]) and got[6] == want[6] == math.inf
-    as_tensor = plan.norms(grads)  # the same norms as one tensor (square roots on it)
-    assert as_tensor is not None and as_tensor.dtype == torch.float64  # (float64 promotes)
-    assert as_tensor.tolist()[:5] == pytest.approx(got[:5], rel=1e-6)
-    del got[5:7], want[5:7]
-    assert got == pytest.approx(want, rel=1e-6)
-    assert got[3] > 0.0 and got[-1] > 1e100
+    assert got[3] > 0.0 and got[7] == got[0]  # the transposed gradient, strided
+    as_tensor = plan.norms(grads)  # the same norms as one tensor, a copy of the buffer
+    assert as_tensor is not None and as_tensor.data_ptr() != plan.out.data_ptr()  # type: ignore[union-attr]
+    for values in (got, as_tensor.tolist()):
+        del values[5]
+        assert values == [x for k, x in enumerate(floor) if k != 5]  # bit for bit
+
+    wide = [torch.randn(5, dtype=torch.float64, generator=g) * 1e100, normal.double()]
+    wide_plan = norms.CpuPlan.make(wide)
+    assert wide_plan is not None and wide_plan.out is not None
+    assert wide_plan.out.dtype == torch.float64
+    assert wide_plan.read(wide) == [float(n) for n in torch._foreach_norm(wide)]
 
     halves = [normal.half(), normal.half()]
-    reader = norms.CpuPlan.make(grads[:2])
-    assert reader is not None and reader.dot
-    assert reader.read(halves) is None and reader.failed  # read steps aside too
-    assert plan.norms(halves) is None and plan.failed  # the model went half: it steps aside
-    half_plan = norms.CpuPlan.make(halves)
-    assert half_plan is not None and not half_plan.dot
-    read = half_plan.read(halves)
-    assert read == pytest.approx([float(torch.linalg.vector_norm(h)) for h in halves])
-    assert read is not None and math.isfinite(read[0])  # 300 in half: its dot would be Inf
-    strided = norms.CpuPlan.make([normal.t(), normal])
-    assert strided is not None and not strided.dot  # a transposed gradient: no copy to dot
+    for changed in (halves, wide):  # the model went half, or double: the plan steps aside
+        pair = norms.CpuPlan.make([normal, normal])
+        assert pair is not None and pair.out is not None
+        assert pair.read(changed) is None and pair.failed
+    sampled = norms.sample(list(halves), None, [], [], None, missing=False)
+    assert sampled.norms == pytest.approx([float(torch.linalg.vector_norm(h)) for h in halves])
+    for other in (halves, [normal, normal.double()]):
+        other_plan = norms.CpuPlan.make(other)
+        assert other_plan is not None and other_plan.out is None
+        read = other_plan.read(other)
+        assert read == pytest.approx([float(torch.linalg.vector_norm(x)) for x in other])
+    assert math.isfinite(norms.CpuPlan.make(halves).read(halves)[0])  # type: ignore[union-attr,index]
+
+    graphed = [normal.clone().requires_grad_()]  # a create_graph gradient
+    graphed_plan = norms.CpuPlan.make(graphed)
+    assert graphed_plan is not None and graphed_plan.read(graphed) is None
+    assert graphed_plan.failed
