@@ -65,8 +65,9 @@ class CpuPlan:
       keeps, and the buffer is copied to the host once. Stacking the norms instead (and
       BLAS dots with a ``sqrt_`` after them, an earlier way) cost the MLP of
       ``bench/probe_overhead.py`` 15-20 us more a step in place, right after the backward.
-      The ``out=`` slots refuse a gradient of another dtype or device before any kernel
-      runs (no sync), and one that requires grad (``create_graph``): the plan then retires.
+      A gradient that left the CPU retires the plan before any kernel runs (no sync); the
+      ``out=`` slots refuse one of another dtype, and one that requires grad
+      (``create_graph``): the plan retires then too.
       Other dtypes keep ``_foreach_norm``.
 
     On GPU ``_foreach_norm`` is already one fused kernel and the stacked result is copied
@@ -153,6 +154,10 @@ class CpuPlan:
         return torch.stack(torch._foreach_norm(grads))
 
     def _into_slots(self, grads: list[torch.Tensor]) -> None:
+        # ``out=`` on the CPU refuses a gradient on another device, but whether it does so
+        # before any copy is up to each kernel: a sync must never depend on that.
+        if not all(map(_is_cpu, grads)):
+            raise RuntimeError("gradients left the CPU")
         vector_norm = torch.linalg.vector_norm
         for g, slot in zip(grads, self.slots, strict=True):
             vector_norm(g, out=slot)

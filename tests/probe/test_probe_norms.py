@@ -226,7 +226,8 @@ def test_cpu_plan_slots_read_the_floor_kernels_values_to_the_edges_of_float32() 
     assert wide_plan.read(wide) == [float(n) for n in torch._foreach_norm(wide)]
 
     halves = [normal.half(), normal.half()]
-    for changed in (halves, wide):  # the model went half, or double: the plan steps aside
+    moved = [normal.to("meta"), normal.to("meta")]  # off the CPU, as to a GPU: no kernel
+    for changed in (halves, wide, moved):  # went half, double, or moved: it steps aside
         pair = norms.CpuPlan.make([normal, normal])
         assert pair is not None and pair.out is not None
         assert pair.read(changed) is None and pair.failed
