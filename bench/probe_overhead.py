@@ -6,7 +6,8 @@ Two models: an MLP 784-512-512-10 (batch 64) and a many-tensor model (200 x Line
 meets them: after the backward, before the step. (Timed right after the step instead, they
 cost less: the step has just read the gradients back into the cache. That figure is printed
 too, for reference.) Next to it, the probe's own CPU norms alone
-(:class:`~gradwatch.probe.norms.CpuPlan`, values read), timed at the same point.
+(:class:`~gradwatch.probe.norms.CpuPlan`, values read), timed at the same point, and the
+floor's kernels with their values read by stacking them.
 Modes are measured side by side in interleaved blocks, their order rotating from block to
 block, so drift in machine speed hits all of them alike; the floor is a mode of its own, so
 the baseline's steps run with nothing between them. Targets: judging <= 1.03x baseline
@@ -60,8 +61,8 @@ own work is measured apart, by :func:`writer_waits`); ``hooks`` is a no-op Pytho
 post-accumulate-grad hook on every parameter, what a tracker with a Python hook per
 parameter pays (the probe's hooks are bound ``list.append`` and pay less);
 ``reader`` is a bare step pre-hook running the floor's kernels where the step reads the
-gradients, inside a whole training step, and keeping the values (read at once in one copy,
-as the probe does on CPU)."""
+gradients, inside a whole training step, and keeping the values (read at once, stacked in
+one copy)."""
 
 Clock = Callable[[], float]
 CLOCKS: dict[str, Clock] = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -85,7 +86,7 @@ def bench(name: str, make: Make,
     model, x, y, opt = _setup(make)
     params = list(model.parameters())
     loss_fn = torch.nn.functional.cross_entropy
-    modes = (*MODES, "floor", "kernels", "floor_after_step")
+    modes = (*MODES, "floor", "stacked", "kernels", "floor_after_step")
     times: dict[str, dict[str, list[float]]] = {c: {m: [] for m in modes} for c in CLOCKS}
     phases: dict[str, list[list[float]]] = {m: [] for m in MODES}
     """Wall time of each phase of each timed step (:data:`PHASES`)."""
@@ -115,6 +116,9 @@ def bench(name: str, make: Make,
     def floor() -> None:  # the norm kernels alone, on these same gradients
         norms_of([p.grad for p in params])
 
+    def stacked() -> list[float]:  # the floor's kernels, their values read to the host
+        return torch.stack(norms_of([p.grad for p in params])).tolist()  # in one copy
+
     plans: list[CpuPlan | None] = []
 
     def kernels() -> None:  # the probe's own CPU norms, alone, on these same gradients
@@ -128,7 +132,7 @@ def bench(name: str, make: Make,
     kept: list[list[float]] = []
 
     def reader(*_: object) -> None:  # the same kernels where the step reads the gradients,
-        kept.append(torch.stack(norms_of([p.grad for p in params])).tolist())  # values kept
+        kept.append(stacked())  # values kept
         if len(kept) > 32:
             kept.clear()
 
@@ -155,7 +159,7 @@ def bench(name: str, make: Make,
         """The floor's own block: each kernel timed first thing after the backward, where
         the step (and the probe) would read the gradients; then, for reference, the floor
         again right after the step."""
-        for what, fn in (("floor", floor), ("kernels", kernels)):
+        for what, fn in (("floor", floor), ("stacked", stacked), ("kernels", kernels)):
             for _ in range(steps):
                 opt.zero_grad()
                 loss_fn(model(x), y).backward()
@@ -279,7 +283,9 @@ def report(name: str, target: float, r: dict[str, float], clock: str, blocks: in
           f"{after:.3f} = {after / floor:.2f} x floor; against it, norms every step = "
           f"baseline + {(norms - base) / after:.2f} x that")
     print(f"  the probe's own norm kernels alone (CpuPlan, values read) {r['kernels']:.3f}"
-          f" = {r['kernels'] / floor:.2f} x floor")
+          f" = {r['kernels'] / floor:.2f} x floor; the floor's kernels with their values "
+          f"read by stacking them (the bare reader's way) {r['stacked']:.3f} = "
+          f"{r['stacked'] / floor:.2f} x floor")
     print(f"  paired by block      judging x{r['paired_judging']:.3f}, "
           f"norms every step = baseline + {r['paired_norms']:.2f} x floor "
           f"(middle half of blocks {r['paired_norms_q1']:.2f} to {r['paired_norms_q3']:.2f})")

@@ -29,6 +29,16 @@ _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _is_cpu = attrgetter("is_cpu")
 _SLOT_DTYPES = frozenset((torch.float32, torch.float64))
+_MISFIT = (RuntimeError, ValueError)
+"""What a plan's kernels raise on gradients that no longer fit it (another shape, dtype or
+device, a sparse or a create_graph gradient, more or fewer of them)."""
+
+
+def _require_cpu(grads: list[torch.Tensor]) -> None:
+    """A plan reads CPU gradients only: on another device a kernel's result (or its own
+    device check) could cost a sync, so a sync never depends on that."""
+    if not all(map(_is_cpu, grads)):
+        raise RuntimeError("gradients left the CPU")
 
 
 def _norm_list(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -62,9 +72,9 @@ class CpuPlan:
     - No groups, all gradients float32 or all float64 (the usual model): each norm is
       written by ``linalg.vector_norm`` (the kernel ``_foreach_norm`` runs per tensor on
       CPU, so the same values, Inf and NaN included) into a slot of one buffer the plan
-      keeps, and the buffer is copied to the host once. Stacking the norms instead (and
-      BLAS dots with a ``sqrt_`` after them, an earlier way) cost the MLP of
-      ``bench/probe_overhead.py`` 15-20 us more a step in place, right after the backward.
+      keeps, and the buffer is copied to the host once, with no ``stack`` (on small
+      models the stack costs a visible share of the read: ``bench/probe_overhead.py``
+      prints both ways, timed right after the backward).
       A gradient that left the CPU retires the plan before any kernel runs (no sync); the
       ``out=`` slots refuse one of another dtype, and one that requires grad
       (``create_graph``): the plan retires then too.
@@ -122,7 +132,7 @@ class CpuPlan:
         or the model moved off the CPU: reading there would sync)."""
         try:
             return self._grouped(grads) if self.groups else self._flat(grads)
-        except (RuntimeError, ValueError):
+        except _MISFIT:
             self.failed = True
             return None
 
@@ -137,7 +147,7 @@ class CpuPlan:
         if self.out is not None:
             try:
                 self._into_slots(grads)
-            except (RuntimeError, ValueError):
+            except _MISFIT:
                 self.failed = True
                 return None
             out: list[float] = self.out.tolist()
@@ -149,15 +159,11 @@ class CpuPlan:
         if self.out is not None:
             self._into_slots(grads)
             return self.out.clone()  # the buffer is written again next step
-        if not all(map(_is_cpu, grads)):
-            raise RuntimeError("gradients left the CPU")
+        _require_cpu(grads)
         return torch.stack(torch._foreach_norm(grads))
 
     def _into_slots(self, grads: list[torch.Tensor]) -> None:
-        # ``out=`` on the CPU refuses a gradient on another device, but whether it does so
-        # before any copy is up to each kernel: a sync must never depend on that.
-        if not all(map(_is_cpu, grads)):
-            raise RuntimeError("gradients left the CPU")
+        _require_cpu(grads)
         vector_norm = torch.linalg.vector_norm
         for g, slot in zip(grads, self.slots, strict=True):
             vector_norm(g, out=slot)

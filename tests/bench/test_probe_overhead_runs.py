@@ -19,6 +19,7 @@ def test_probe_overhead_prints_every_figure_for_both_models() -> None:
         for clock in ("wall", "cpu"):
             assert f"{model}, batch 64: median step, ms ({clock} clock, 1 blocks)" in out
     for line in ("baseline", "judging only", "norms every step", "floor (norms alone)",
-                 "right after the step (gradients warm)", "paired by block",
+                 "right after the step (gradients warm)", "read by stacking them",
+                 "paired by block",
                  "bare reader in place", "the writer's drains"):
         assert out.count(line) >= 2, line
