@@ -27,6 +27,7 @@ Run: ``python bench/probe_overhead.py [--blocks N] [--steps N] [--threads N]
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import statistics
 import tempfile
@@ -55,9 +56,10 @@ def _many() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
 
 MODES = ("baseline", "judging", "norms", "unwritten", "hooks", "reader")
 """``unwritten``, ``hooks`` and ``reader`` take the cost apart (no targets): ``unwritten``
-is norms every step with the records dropped instead of handed to the writer thread (a
-block ends before the writer's first drain, 0.1 s after the watch starts, so the writer's
-own work is measured apart, by :func:`writer_waits`); ``hooks`` is a no-op Python
+is norms every step with the records dropped instead of handed to the writer thread (which
+drains every 0.1 s after the watch starts: the report says how many blocks' timed steps
+saw a drain; the MLP's blocks end before the first, the many-tensor model's span several;
+:func:`writer_waits` measures the writer's cost apart, in long blocks); ``hooks`` is a no-op Python
 post-accumulate-grad hook on every parameter, what a tracker with a Python hook per
 parameter pays (the probe's hooks are bound ``list.append`` and pay less);
 ``reader`` is a bare step pre-hook running the floor's kernels where the step reads the
@@ -90,6 +92,8 @@ def bench(name: str, make: Make,
     times: dict[str, dict[str, list[float]]] = {c: {m: [] for m in modes} for c in CLOCKS}
     phases: dict[str, list[list[float]]] = {m: [] for m in MODES}
     """Wall time of each phase of each timed step (:data:`PHASES`)."""
+    drained: dict[str, list[bool]] = {"judging": [], "norms": []}
+    """Per block: whether the writer thread wrote records while the timed steps ran."""
     now = time.perf_counter
 
     def step(mode: str | None = None) -> None:
@@ -136,13 +140,15 @@ def bench(name: str, make: Make,
         if len(kept) > 32:
             kept.clear()
 
-    def attach(mode: str, b: int) -> Callable[[], None]:
+    def attach(mode: str, b: int) -> tuple[Callable[[], None], Callable[[], int]]:
+        """Start ``mode``; returns how to stop it, and a count of the records its writer
+        thread has written so far (0 without a watch)."""
         if mode in ("judging", "norms", "unwritten"):
             handle = gradwatch.watch(opt, log=tmp / f"{name}-{mode}-{b}.jsonl",
                                      norms_every=0 if mode == "judging" else 1)
             if mode == "unwritten":
                 handle.tracker.emit = lambda _record: None
-            return handle.close
+            return handle.close, lambda: handle.writer.written
         hs: list[RemovableHandle] = []
         if mode == "hooks":
             hs = [p.register_post_accumulate_grad_hook(lambda _p: None) for p in params]
@@ -153,7 +159,7 @@ def bench(name: str, make: Make,
             for h in hs:
                 h.remove()
 
-        return detach
+        return detach, lambda: 0
 
     def reads() -> None:
         """The floor's own block: each kernel timed first thing after the backward, where
@@ -176,17 +182,22 @@ def bench(name: str, make: Make,
             if mode == "floor":  # (each mode takes each position alike)
                 reads()
                 continue
-            detach = attach(mode, b)
+            detach, written = attach(mode, b)
             for _ in range(3):
                 step()
+            w0 = written()
             for _ in range(steps):
-                timed(mode, lambda m=mode: step(m))
+                timed(mode, functools.partial(step, mode))
+            if mode in drained:
+                drained[mode].append(written() > w0)
             detach()
             kept.clear()
     out = {c: {m: statistics.median(v) * 1e3 for m, v in t.items()} for c, t in times.items()}
     for c, t in times.items():
         out[c].update(paired(t, steps))
     out["wall"].update(by_phase(phases, steps))
+    for c in CLOCKS:
+        out[c].update({f"drained_{m}": sum(v) / len(v) for m, v in drained.items()})
     return out
 
 
@@ -290,6 +301,10 @@ def report(name: str, target: float, r: dict[str, float], clock: str, blocks: in
           f"norms every step = baseline + {r['paired_norms']:.2f} x floor "
           f"(middle half of blocks {r['paired_norms_q1']:.2f} to {r['paired_norms_q3']:.2f})")
     hooks, reader, unwritten = r["paired_hooks"], r["paired_reader"], r["paired_unwritten"]
+    print(f"  the writer thread drained during the timed steps of "
+          f"{r['drained_norms']:.0%} of the blocks with norms every step "
+          f"({r['drained_judging']:.0%} with judging only); long blocks measure its "
+          f"waits apart")
     print(f"  taken apart (paired, x floor): bare reader in place (the floor's kernels) "
           f"{reader:.2f}, the probe's training-thread work beyond it {unwritten - reader:.2f}"
           f", handing records to the writer {r['paired_norms'] - unwritten:.2f}; for scale, "

@@ -72,6 +72,12 @@ class RecordWriter:
                                         daemon=True)
         self._thread.start()
 
+    @property
+    def written(self) -> int:
+        """Records the writer thread has handled so far (written, or failed to write), the
+        header included."""
+        return self._seq
+
     def put(self, record: Any) -> None:
         """Buffer a record; never blocks (a full buffer drops and counts)."""
         if len(self.buffer) >= self.maxsize:

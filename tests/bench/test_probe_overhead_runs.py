@@ -21,5 +21,6 @@ def test_probe_overhead_prints_every_figure_for_both_models() -> None:
     for line in ("baseline", "judging only", "norms every step", "floor (norms alone)",
                  "right after the step (gradients warm)", "read by stacking them",
                  "paired by block",
-                 "bare reader in place", "the writer's drains"):
+                 "bare reader in place", "the writer's drains",
+                 "the writer thread drained during the timed steps of"):
         assert out.count(line) >= 2, line

@@ -211,9 +211,11 @@ def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
         w.put(Slow())
     assert time.perf_counter() - t0 < 0.5  # put never blocks the training thread
     assert 7 <= w.dropped <= 8
+    assert w.written == 1  # the header; the first record holds the writer at the gate
     gate.set()
     w.close()
     assert len(read_log(tmp_path / "q.jsonl").records) == 10 - w.dropped
+    assert w.written == 1 + 10 - w.dropped
 
 
 def test_records_are_numbered_in_order(tmp_path: Path) -> None:
