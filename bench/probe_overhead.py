@@ -56,12 +56,12 @@ def _many() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
 
 MODES = ("baseline", "judging", "norms", "unwritten", "hooks", "reader")
 """``unwritten``, ``hooks`` and ``reader`` take the cost apart (no targets): ``unwritten``
-is norms every step with the records dropped instead of handed to the writer thread (which
-drains every 0.1 s after the watch starts: the report says how many blocks' timed steps
-saw a drain; the MLP's blocks end before the first, the many-tensor model's span several;
-:func:`writer_waits` measures the writer's cost apart, in long blocks); ``hooks`` is a no-op Python
-post-accumulate-grad hook on every parameter, what a tracker with a Python hook per
-parameter pays (the probe's hooks are bound ``list.append`` and pay less);
+is norms every step with the records dropped instead of handed to the writer thread
+(which drains every 0.1 s after the watch starts: the report says how many blocks' timed
+steps saw a drain; the MLP's blocks end before the first, the many-tensor model's span
+several; :func:`writer_waits` measures the writer's cost apart, in long blocks);
+``hooks`` is a no-op Python post-accumulate-grad hook on every parameter, what a tracker
+with a Python hook per parameter pays (the probe's hooks are bound ``list.append`` and pay less);
 ``reader`` is a bare step pre-hook running the floor's kernels where the step reads the
 gradients, inside a whole training step, and keeping the values (read at once, stacked in
 one copy)."""
