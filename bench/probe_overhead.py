@@ -40,6 +40,7 @@ from torch.utils.hooks import RemovableHandle
 
 import gradwatch
 from gradwatch.probe.norms import CpuPlan
+from gradwatch.probe.writer import RecordWriter
 
 
 def _mlp() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
@@ -140,15 +141,15 @@ def bench(name: str, make: Make,
         if len(kept) > 32:
             kept.clear()
 
-    def attach(mode: str, b: int) -> tuple[Callable[[], None], Callable[[], int]]:
-        """Start ``mode``; returns how to stop it, and a count of the records its writer
-        thread has written so far (0 without a watch)."""
+    def attach(mode: str, b: int) -> tuple[Callable[[], None], RecordWriter | None]:
+        """Start ``mode``; returns how to stop it, and its watch's writer (None without a
+        watch)."""
         if mode in ("judging", "norms", "unwritten"):
             handle = gradwatch.watch(opt, log=tmp / f"{name}-{mode}-{b}.jsonl",
                                      norms_every=0 if mode == "judging" else 1)
             if mode == "unwritten":
                 handle.tracker.emit = lambda _record: None
-            return handle.close, lambda: handle.writer.written
+            return handle.close, handle.writer
         hs: list[RemovableHandle] = []
         if mode == "hooks":
             hs = [p.register_post_accumulate_grad_hook(lambda _p: None) for p in params]
@@ -159,7 +160,7 @@ def bench(name: str, make: Make,
             for h in hs:
                 h.remove()
 
-        return detach, lambda: 0
+        return detach, None
 
     def reads() -> None:
         """The floor's own block: each kernel timed first thing after the backward, where
@@ -182,14 +183,14 @@ def bench(name: str, make: Make,
             if mode == "floor":  # (each mode takes each position alike)
                 reads()
                 continue
-            detach, written = attach(mode, b)
+            detach, writer = attach(mode, b)
             for _ in range(3):
                 step()
-            w0 = written()
+            w0 = writer.written if writer is not None else 0
             for _ in range(steps):
                 timed(mode, functools.partial(step, mode))
-            if mode in drained:
-                drained[mode].append(written() > w0)
+            if writer is not None and mode in drained:
+                drained[mode].append(writer.written > w0)
             detach()
             kept.clear()
     out = {c: {m: statistics.median(v) * 1e3 for m, v in t.items()} for c, t in times.items()}
@@ -204,9 +205,10 @@ def bench(name: str, make: Make,
 def writer_waits(make: Make, blocks: int, seconds: float, tmp: Path) -> dict[str, float]:
     """The training thread's time off the CPU per step, mostly waits for the GIL, with
     norms every step: records written (the writer thread drains every 0.1 s) and records
-    dropped (no writer work). The interleaved blocks of :func:`bench` last less than a
-    poll of the writer, so they never see its drains (and medians would hide them): these
-    blocks last ``seconds`` each, alternating, and report means (microseconds)."""
+    dropped (no writer work). The interleaved blocks of :func:`bench` see its drains or
+    not depending on the model (the MLP's end before the first), and medians would hide
+    most of them: these blocks last ``seconds`` each, alternating, and report means
+    (microseconds)."""
     model, x, y, opt = _setup(make)
     loss_fn = torch.nn.functional.cross_entropy
     off: dict[str, list[float]] = {"written": [], "dropped": []}

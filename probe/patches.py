@@ -100,10 +100,12 @@ def _make_backward(orig: Any) -> Any:
         active = _active
         if not active or _graph_task_id() != -1:  # nested: part of the running backward
             return orig(*args, **kwargs)
-        armed = None
+        armed = None  # a list only when some tracker is armed (no list per backward)
         for t in active:
             if (a := t.begin()) is not None:
-                armed = [*(armed or ()), (t, a)]
+                if armed is None:
+                    armed = []
+                armed.append((t, a))
         if armed is None:  # nothing armed (the usual case): nothing to take after the engine
             return orig(*args, **kwargs)
         try:
