@@ -15,13 +15,17 @@ the baseline's steps run with nothing between them. Targets: judging <= 1.03x ba
 
 Figures are printed twice from the same run: wall-clock time and process CPU time; each
 also as a paired estimate (the cost block by block, then the median over blocks), which a
-slow spell of a shared machine disturbs least.
+slow spell of a shared machine disturbs least, with its standard error from the blocks'
+spread: how finely one run resolves the cost against its target. On this project's shared
+2-core machine single blocks disagree by several floors, so the defaults (800 blocks of
+the MLP, 300 of the many-tensor model) are what brings that error to about 0.1 x floor
+(200 and 100 blocks left it at 0.15 to 0.45: see README, Benchmarks).
 
 Apart from the targets, long blocks measure what the probe's writer thread costs the
 training thread: its drains hold the GIL, and the training thread waits for it.
 
-Run: ``python bench/probe_overhead.py [--blocks N] [--steps N] [--threads N]
-[--wait-blocks N] [--wait-seconds S]``
+Run: ``python bench/probe_overhead.py [--model both|mlp|many] [--blocks N] [--steps N]
+[--threads N] [--wait-blocks N] [--wait-seconds S]``
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import math
 import statistics
 import tempfile
 import time
@@ -261,15 +266,27 @@ def paired(t: dict[str, list[float]], steps: int) -> dict[str, float]:
     so a slow spell of a shared machine hits them alike), then the median over blocks."""
     blocks = {m: per_block(v, steps) for m, v in t.items()}
     base, floor = blocks["baseline"], blocks["floor"]
-    out = {"paired_judging": statistics.median(
-        j / b for j, b in zip(blocks["judging"], base, strict=True))}
+    judging = [j / b for j, b in zip(blocks["judging"], base, strict=True)]
+    out = {"paired_judging": statistics.median(judging),
+           "paired_judging_se": median_se(judging)[0]}
     for m in ("norms", "unwritten", "hooks", "reader"):
         per = [(x - b) / f for x, b, f in zip(blocks[m], base, floor, strict=True)]
         out[f"paired_{m}"] = statistics.median(per)
         if m == "norms":  # how much the blocks disagree: the middle half of them
-            q = statistics.quantiles(per, n=4) if len(per) > 1 else per * 3
-            out["paired_norms_q1"], out["paired_norms_q3"] = q[0], q[2]
+            se, q1, q3 = median_se(per)
+            out["paired_norms_se"], out["paired_norms_q1"], out["paired_norms_q3"] = se, q1, q3
     return out
+
+
+def median_se(per: list[float]) -> tuple[float, float, float]:
+    """The standard error of the median of per-block figures, from their spread (the
+    middle half of the blocks, ``q1`` to ``q3``, as a normal's: sd = IQR / 1.349, and the
+    median's error 1.2533 sd / sqrt(blocks)); returns ``(se, q1, q3)``. It is what one run
+    can resolve: a cost within about two of them of its target is not told apart from it."""
+    if len(per) < 2:
+        return math.nan, per[0], per[0]
+    q1, _, q3 = statistics.quantiles(per, n=4)
+    return 1.2533 * (q3 - q1) / 1.349 / math.sqrt(len(per)), q1, q3
 
 
 def report_waits(w: dict[str, float], floor_ms: float) -> None:
@@ -299,9 +316,14 @@ def report(name: str, target: float, r: dict[str, float], clock: str, blocks: in
           f" = {r['kernels'] / floor:.2f} x floor; the floor's kernels with their values "
           f"read by stacking them (the bare reader's way) {r['stacked']:.3f} = "
           f"{r['stacked'] / floor:.2f} x floor")
-    print(f"  paired by block      judging x{r['paired_judging']:.3f}, "
-          f"norms every step = baseline + {r['paired_norms']:.2f} x floor "
-          f"(middle half of blocks {r['paired_norms_q1']:.2f} to {r['paired_norms_q3']:.2f})")
+    def se(x: float, digits: int) -> str:  # (one block has no spread)
+        return "n/a" if math.isnan(x) else f"{x:.{digits}f}"
+
+    print(f"  paired by block      judging x{r['paired_judging']:.3f} "
+          f"(+-{se(r['paired_judging_se'], 3)}), norms every step = baseline + "
+          f"{r['paired_norms']:.2f} +- {se(r['paired_norms_se'], 2)} x floor (+- one standard "
+          f"error of the median, from the blocks' spread: the middle half of blocks "
+          f"{r['paired_norms_q1']:.2f} to {r['paired_norms_q3']:.2f})")
     hooks, reader, unwritten = r["paired_hooks"], r["paired_reader"], r["paired_unwritten"]
     print(f"  the writer thread drained during the timed steps of "
           f"{r['drained_norms']:.0%} of the blocks with norms every step "
@@ -330,8 +352,11 @@ def _positive(text: str) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", type=_positive, default=None,
-                    help="interleaved blocks per model (default: 200 for the MLP, "
-                    "100 for the many-tensor model, whose steps take 6 times as long)")
+                    help="interleaved blocks per model (default: 800 for the MLP, "
+                    "300 for the many-tensor model, whose steps take 5 times as long; "
+                    "about 12 and 15 minutes)")
+    ap.add_argument("--model", choices=("both", "mlp", "many"), default="both",
+                    help="which model to measure (default: both)")
     ap.add_argument("--steps", type=_positive, default=10)
     ap.add_argument("--threads", type=_positive, default=1, help="torch intra-op threads")
     ap.add_argument("--wait-blocks", type=_positive, default=4,
@@ -344,9 +369,11 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"interleaved blocks of {args.steps} steps per mode")
     with tempfile.TemporaryDirectory() as d:
-        for name, make, target, blocks in (
-                ("MLP 784-512-512-10, batch 64", _mlp, 1.03, 200),
-                ("200 x Linear(64,64), batch 64", _many, 1.05, 100)):
+        for key, name, make, target, blocks in (
+                ("mlp", "MLP 784-512-512-10, batch 64", _mlp, 1.03, 800),
+                ("many", "200 x Linear(64,64), batch 64", _many, 1.05, 300)):
+            if args.model not in ("both", key):
+                continue
             blocks = args.blocks or blocks
             r = bench(name.split()[0], make, blocks, args.steps, Path(d))
             w = writer_waits(make, args.wait_blocks, args.wait_seconds, Path(d))

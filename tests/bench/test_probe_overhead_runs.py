@@ -20,7 +20,7 @@ def test_probe_overhead_prints_every_figure_for_both_models() -> None:
             assert f"{model}, batch 64: median step, ms ({clock} clock, 1 blocks)" in out
     for line in ("baseline", "judging only", "norms every step", "floor (norms alone)",
                  "right after the step (gradients warm)", "read by stacking them",
-                 "paired by block",
+                 "paired by block", "standard error of the median",
                  "bare reader in place", "the writer's drains",
                  "the writer thread drained during the timed steps of"):
         assert out.count(line) >= 2, line
