@@ -64,10 +64,11 @@ MODES = ("baseline", "judging", "norms", "unwritten", "hooks", "reader")
 """``unwritten``, ``hooks`` and ``reader`` take the cost apart (no targets): ``unwritten``
 is norms every step with the records dropped instead of handed to the writer thread
 (which drains every 0.1 s after the watch starts: the report says how many blocks' timed
-steps saw a drain; the MLP's blocks end before the first, the many-tensor model's span
+steps saw a drain; the MLP's blocks mostly end before the first, the many-tensor model's span
 several; :func:`writer_waits` measures the writer's cost apart, in long blocks);
 ``hooks`` is a no-op Python post-accumulate-grad hook on every parameter, what a tracker
-with a Python hook per parameter pays (the probe's hooks are bound ``list.append`` and pay less);
+with a Python hook per parameter pays (the probe's hooks are bound ``list.append``, with no
+Python frame; the engine's call into Python is most of either's cost);
 ``reader`` is a bare step pre-hook running the floor's kernels where the step reads the
 gradients, inside a whole training step, and keeping the values (read at once, stacked in
 one copy)."""
@@ -211,7 +212,7 @@ def writer_waits(make: Make, blocks: int, seconds: float, tmp: Path) -> dict[str
     """The training thread's time off the CPU per step, mostly waits for the GIL, with
     norms every step: records written (the writer thread drains every 0.1 s) and records
     dropped (no writer work). The interleaved blocks of :func:`bench` see its drains or
-    not depending on the model (the MLP's end before the first), and medians would hide
+    not depending on the model (the MLP's mostly end before the first), and medians would hide
     most of them: these blocks last ``seconds`` each, alternating, and report means
     (microseconds)."""
     model, x, y, opt = _setup(make)
