@@ -283,7 +283,9 @@ def median_se(per: list[float]) -> tuple[float, float, float]:
     """The standard error of the median of per-block figures, from their spread (the
     middle half of the blocks, ``q1`` to ``q3``, as a normal's: sd = IQR / 1.349, and the
     median's error 1.2533 sd / sqrt(blocks)); returns ``(se, q1, q3)``. It is what one run
-    can resolve: a cost within about two of them of its target is not told apart from it."""
+    can resolve: a cost within about two of them of its target is not told apart from it.
+    It counts the sampling within the run only; whole runs have differed by more (README,
+    Benchmarks)."""
     if len(per) < 2:
         return math.nan, per[0], per[0]
     q1, _, q3 = statistics.quantiles(per, n=4)
