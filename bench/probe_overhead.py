@@ -19,7 +19,7 @@ slow spell of a shared machine disturbs least, with its standard error from the 
 spread: how finely one run resolves the cost against its target. On this project's shared
 2-core machine single blocks disagree by several floors, so the defaults (800 blocks of
 the MLP, 300 of the many-tensor model) are what brings that error to about 0.1 x floor
-(200 and 100 blocks left it at 0.15 to 0.45: see README, Benchmarks).
+(200 and 100 blocks left it at 0.15 to 0.44: see README, Benchmarks).
 
 Apart from the targets, long blocks measure what the probe's writer thread costs the
 training thread: its drains hold the GIL, and the training thread waits for it.
@@ -292,6 +292,11 @@ def median_se(per: list[float]) -> tuple[float, float, float]:
     return 1.2533 * (q3 - q1) / 1.349 / math.sqrt(len(per)), q1, q3
 
 
+def _se_text(se: float, digits: int) -> str:
+    """A standard error for the report; ``n/a`` for one block, which has no spread."""
+    return "n/a" if math.isnan(se) else f"{se:.{digits}f}"
+
+
 def report_waits(w: dict[str, float], floor_ms: float) -> None:
     extra = w["written"] - w["dropped"]
     print(f"  the writer's drains, long blocks (means): the training thread waits off the CPU "
@@ -319,14 +324,11 @@ def report(name: str, target: float, r: dict[str, float], clock: str, blocks: in
           f" = {r['kernels'] / floor:.2f} x floor; the floor's kernels with their values "
           f"read by stacking them (the bare reader's way) {r['stacked']:.3f} = "
           f"{r['stacked'] / floor:.2f} x floor")
-    def se(x: float, digits: int) -> str:  # (one block has no spread)
-        return "n/a" if math.isnan(x) else f"{x:.{digits}f}"
-
     print(f"  paired by block      judging x{r['paired_judging']:.3f} "
-          f"(+-{se(r['paired_judging_se'], 3)}), norms every step = baseline + "
-          f"{r['paired_norms']:.2f} +- {se(r['paired_norms_se'], 2)} x floor (+- one standard "
-          f"error of the median, from the blocks' spread: the middle half of blocks "
-          f"{r['paired_norms_q1']:.2f} to {r['paired_norms_q3']:.2f})")
+          f"(+-{_se_text(r['paired_judging_se'], 3)}), norms every step = baseline + "
+          f"{r['paired_norms']:.2f} +- {_se_text(r['paired_norms_se'], 2)} x floor "
+          f"(+- one standard error of the median, from the blocks' spread: the middle half "
+          f"of blocks {r['paired_norms_q1']:.2f} to {r['paired_norms_q3']:.2f})")
     hooks, reader, unwritten = r["paired_hooks"], r["paired_reader"], r["paired_unwritten"]
     print(f"  the writer thread drained during the timed steps of "
           f"{r['drained_norms']:.0%} of the blocks with norms every step "
