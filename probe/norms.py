@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from array import array
 from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any
@@ -28,7 +29,9 @@ import torch
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _is_cpu = attrgetter("is_cpu")
-_SLOT_DTYPES = frozenset((torch.float32, torch.float64))
+_vector_norm = torch.linalg.vector_norm
+_SLOT_DTYPES = {torch.float32: "f", torch.float64: "d"}
+"""Dtypes a plan writes into slots, with the matching :mod:`array` type code."""
 _MISFIT = (RuntimeError, ValueError)
 """What a plan's kernels raise on gradients that no longer fit it (another shape, dtype or
 device, a sparse or a create_graph gradient, more or fewer of them)."""
@@ -72,9 +75,13 @@ class CpuPlan:
     - No groups, all gradients float32 or all float64 (the usual model): each norm is
       written by ``linalg.vector_norm`` (the kernel ``_foreach_norm`` runs per tensor on
       CPU, so the same values, Inf and NaN included) into a slot of one buffer the plan
-      keeps, and the buffer is copied to the host once, with no ``stack`` (on small
-      models the stack costs a visible share of the read: ``bench/probe_overhead.py``
-      prints both ways, timed right after the backward).
+      keeps, with no ``stack`` (on small models the stack costs a visible share of the
+      read: ``bench/probe_overhead.py`` prints both ways, timed right after the backward).
+      That buffer is the memory of a Python :class:`array.array` (``torch.frombuffer``),
+      so the values are read by CPython's own ``memoryview.tolist`` instead of a torch
+      call: right after a backward, whose kernels have evicted torch's code paths from
+      the core's caches, ``Tensor.tolist`` cost a few percent of the norm kernels on the
+      MLP of the benchmark.
       A gradient that left the CPU retires the plan before any kernel runs (no sync); the
       ``out=`` slots refuse one of another dtype, and one that requires grad
       (``create_graph``): the plan retires then too.
@@ -111,12 +118,17 @@ class CpuPlan:
         self.inverse = torch.tensor(inverse, dtype=torch.long)
         self.out: torch.Tensor | None = None
         """No groups and one dtype, float32 or float64: the buffer the norms are written
-        into, one slot (a view) per gradient."""
+        into, one slot (a view) per gradient; its memory is :attr:`host`'s."""
         self.slots: tuple[torch.Tensor, ...] = ()
+        self.host: memoryview | None = None
+        """:attr:`out`'s memory as the host reads it."""
         dtypes = {g.dtype for g in grads}
-        if not self.groups and len(dtypes) == 1 and dtypes <= _SLOT_DTYPES:
-            self.out = torch.empty(len(grads), dtype=dtypes.pop())
+        if not self.groups and len(dtypes) == 1 and (dtype := dtypes.pop()) in _SLOT_DTYPES:
+            code = _SLOT_DTYPES[dtype]
+            mem = array(code, bytes(len(grads) * array(code).itemsize))
+            self.out = torch.frombuffer(mem, dtype=dtype)  # shares (and pins) mem
             self.slots = self.out.unbind()
+            self.host = memoryview(mem)
         self.failed = False
         """Set once the gradients stopped fitting the plan; the generic way is used after."""
 
@@ -144,14 +156,18 @@ class CpuPlan:
         a plan with slots retires on them instead (``out=`` refuses them) and the caller
         takes the generic way, grad mode off.
         """
-        if self.out is not None:
+        if (host := self.host) is not None:
+            # :meth:`_into_slots`, inline: right after a backward every Python call counts
+            slots = self.slots
             try:
-                self._into_slots(grads)
+                if len(grads) != len(slots) or not all(map(_is_cpu, grads)):
+                    raise ValueError("the gradients changed in number or left the CPU")
+                for g, slot in zip(grads, slots, strict=False):  # counted above
+                    _vector_norm(g, out=slot)
             except _MISFIT:
                 self.failed = True
                 return None
-            out: list[float] = self.out.tolist()
-            return out
+            return host.tolist()  # type: ignore[return-value]  # floats: 'f' or 'd'
         norms = self.norms(grads)
         return None if norms is None else norms.tolist()
 
@@ -164,9 +180,10 @@ class CpuPlan:
 
     def _into_slots(self, grads: list[torch.Tensor]) -> None:
         _require_cpu(grads)
-        vector_norm = torch.linalg.vector_norm
-        for g, slot in zip(grads, self.slots, strict=True):
-            vector_norm(g, out=slot)
+        if len(grads) != len(self.slots):
+            raise ValueError("another number of gradients")
+        for g, slot in zip(grads, self.slots, strict=False):  # counted above
+            _vector_norm(g, out=slot)
 
     def _grouped(self, grads: list[torch.Tensor]) -> torch.Tensor:
         pieces = []

@@ -193,11 +193,12 @@ def test_cpu_plan_chunks_groups_through_its_buffers(monkeypatch: pytest.MonkeyPa
 
 
 def test_cpu_plan_slots_read_the_floor_kernels_values_to_the_edges_of_float32() -> None:
-    """Without groups the plan writes each norm into a slot of one buffer and copies it to
-    the host once. It answers what ``_foreach_norm`` answers, bit for bit, also where
-    float32 squares overflow or underflow, for zeros, NaN and Inf, strided and float64;
-    a gradient of another dtype, or one that requires grad, retires the plan (no wrong
-    value); mixed or half precision gradients keep ``_foreach_norm``."""
+    """Without groups the plan writes each norm into a slot of one buffer, the memory of a
+    host array the values are read from. It answers what ``_foreach_norm`` answers, bit for
+    bit, also where float32 squares overflow or underflow, for zeros, NaN and Inf, strided
+    and float64; a gradient of another dtype, or one that requires grad, or another number
+    of them, retires the plan (no wrong value); mixed or half precision gradients keep
+    ``_foreach_norm``."""
     from gradwatch.probe import norms
 
     g = torch.Generator().manual_seed(0)
@@ -213,6 +214,7 @@ def test_cpu_plan_slots_read_the_floor_kernels_values_to_the_edges_of_float32() 
     assert got[1] == want[1] == math.inf and got[2] == want[2] == 0.0  # float32's edges
     assert math.isnan(got[5]) and math.isnan(want[5]) and got[6] == want[6] == math.inf
     assert got[3] > 0.0 and got[7] == got[0]  # the transposed gradient, strided
+    assert plan.host is not None and plan.host[0] == got[0]  # read where the kernels wrote
     as_tensor = plan.norms(grads)  # the same norms as one tensor, a copy of the buffer
     assert as_tensor is not None and as_tensor.data_ptr() != plan.out.data_ptr()  # type: ignore[union-attr]
     for values in (got, as_tensor.tolist()):
@@ -227,7 +229,8 @@ def test_cpu_plan_slots_read_the_floor_kernels_values_to_the_edges_of_float32() 
 
     halves = [normal.half(), normal.half()]
     moved = [normal.to("meta"), normal.to("meta")]  # off the CPU, as to a GPU: no kernel
-    for changed in (halves, wide, moved):  # went half, double, or moved: it steps aside
+    for changed in (halves, wide, moved, [normal], [normal] * 3):  # went half, double, or
+        # moved, or another number of them: it steps aside
         pair = norms.CpuPlan.make([normal, normal])
         assert pair is not None and pair.out is not None
         assert pair.read(changed) is None and pair.failed
