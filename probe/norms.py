@@ -149,7 +149,8 @@ class CpuPlan:
             return None
 
     def read(self, grads: list[torch.Tensor]) -> list[float] | None:
-        """:meth:`norms` on the host, in one copy: the usual CPU step reads them at once.
+        """:meth:`norms` on the host: the usual CPU step reads them at once (a plan with
+        slots straight from their host array, no copy; others in one copy).
 
         Norms of gradients that require grad (``create_graph``) do build a graph, freed with
         them right here, so no grad-mode switch is needed (it costs three calls a step);
