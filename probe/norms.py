@@ -124,8 +124,7 @@ class CpuPlan:
         """:attr:`out`'s memory as the host reads it."""
         dtypes = {g.dtype for g in grads}
         if not self.groups and len(dtypes) == 1 and (dtype := dtypes.pop()) in _SLOT_DTYPES:
-            code = _SLOT_DTYPES[dtype]
-            mem = array(code, bytes(len(grads) * array(code).itemsize))
+            mem = array(_SLOT_DTYPES[dtype], [0.0]) * len(grads)
             self.out = torch.frombuffer(mem, dtype=dtype)  # shares (and pins) mem
             self.slots = self.out.unbind()
             self.host = memoryview(mem)
@@ -158,13 +157,8 @@ class CpuPlan:
         takes the generic way, grad mode off.
         """
         if (host := self.host) is not None:
-            # :meth:`_into_slots`, inline: right after a backward every Python call counts
-            slots = self.slots
             try:
-                if len(grads) != len(slots) or not all(map(_is_cpu, grads)):
-                    raise ValueError("the gradients changed in number or left the CPU")
-                for g, slot in zip(grads, slots, strict=False):  # counted above
-                    _vector_norm(g, out=slot)
+                self._into_slots(grads)
             except _MISFIT:
                 self.failed = True
                 return None
@@ -181,9 +175,7 @@ class CpuPlan:
 
     def _into_slots(self, grads: list[torch.Tensor]) -> None:
         _require_cpu(grads)
-        if len(grads) != len(self.slots):
-            raise ValueError("another number of gradients")
-        for g, slot in zip(grads, self.slots, strict=False):  # counted above
+        for g, slot in zip(grads, self.slots, strict=True):
             _vector_norm(g, out=slot)
 
     def _grouped(self, grads: list[torch.Tensor]) -> torch.Tensor:
