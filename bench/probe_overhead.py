@@ -359,7 +359,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=_positive, default=None,
                     help="interleaved blocks per model (default: 800 for the MLP, "
                     "300 for the many-tensor model, whose steps take 5 times as long; "
-                    "about 12 and 15 minutes)")
+                    "about 20 to 25 minutes for both)")
     ap.add_argument("--model", choices=("both", "mlp", "many"), default="both",
                     help="which model to measure (default: both)")
     ap.add_argument("--steps", type=_positive, default=10)

@@ -180,7 +180,6 @@ class CpuPlan:
 
     def _grouped(self, grads: list[torch.Tensor]) -> torch.Tensor:
         pieces = []
-        vector_norm = torch.linalg.vector_norm
         for ks, (buf, res) in zip(self.groups, self.buffers, strict=True):
             n = len(buf)
             shape, dtype = buf.shape[1:], buf.dtype
@@ -195,7 +194,7 @@ class CpuPlan:
                     raise RuntimeError("gradients changed shape or left the CPU")
                 m = len(part)
                 chunk = torch.stack(part, out=buf if m == n else buf[:m])
-                vector_norm(chunk.view(m, -1), dim=1, out=res[i:i + m])
+                _vector_norm(chunk.view(m, -1), dim=1, out=res[i:i + m])
             pieces.append(res)
         if self.rest:
             pieces.append(torch.stack(list(torch._foreach_norm([grads[k] for k in self.rest]))))
