@@ -5,25 +5,17 @@ Exit codes (a contract): 0 no findings, 1 findings, 2 the log is unreadable or i
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
-from gradwatch.analysis import judge
+from gradwatch.cliargs import CommandParser
 from gradwatch.steplog import StepLogError, read_log
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # exit 2 with our own prefix, as documented
-        self.print_usage(sys.stderr)
-        print(f"gradwatch check: {message}", file=sys.stderr)
-        raise SystemExit(2)
+from gradwatch.verdict import verdict_of
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = _Parser(prog="gradwatch check", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="gradwatch check", description=__doc__.splitlines()[0])
     parser.add_argument("log", help="path of a step log written by gradwatch")
     parser.add_argument("--json", action="store_true", help="print findings as JSON")
     args = parser.parse_args(argv)
@@ -34,7 +26,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     for w in log.warnings:
         print(f"gradwatch check: warning: {w}", file=sys.stderr)
-    j = judge([log.header, *log.records])
+    j = verdict_of([log.header, *log.records])
     findings = j.findings()
     summary = j.summary()
     if args.json:

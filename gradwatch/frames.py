@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gradwatch import wire
-from gradwatch.wire import Finding, Header
+from gradwatch.wire import Finding, Header, RunId
 
 RunStatus = Literal["live", "finished", "failed", "interrupted"]
 
@@ -29,7 +29,7 @@ class Hello(_Frame):
 
     type: Literal["hello"] = "hello"
     v: int = wire.PROTOCOL_VERSION
-    run: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    run: RunId
     rank: int = Field(default=0, ge=0)
 
     @field_validator("v")

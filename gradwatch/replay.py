@@ -3,13 +3,12 @@
 The log is read with the strict reader (exit 2 on an invalid log), given a fresh run id,
 and re-timed so it shows as live: at its recorded pace times ``--speed``, or as fast as
 possible with ``--fast``. Records are written to a temporary spool and sent by the probe's
-:class:`~gradwatch.probe.stream.Streamer` (resume on reconnect, nothing sent twice).
+:class:`~gradwatch.stream.Streamer` (resume on reconnect, nothing sent twice).
 Exit codes: 0 sent, 1 the server did not take it all, 2 bad arguments or invalid log.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import secrets
 import sys
@@ -17,22 +16,16 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import urlsplit
 
-from gradwatch.probe.stream import Streamer, ingest_url
+from gradwatch.cliargs import CommandParser
 from gradwatch.steplog import StepLogError, StepLogWriter, read_log
+from gradwatch.stream import Streamer, ingest_url
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        print(f"gradwatch replay: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _parser() -> _Parser:
-    p = _Parser(prog="gradwatch replay", description=__doc__.splitlines()[0])
+def _parser() -> CommandParser:
+    p = CommandParser(prog="gradwatch replay", description=__doc__.splitlines()[0])
     p.add_argument("log", help="a step log written by gradwatch")
     p.add_argument("--server", default="ws://127.0.0.1:8765", help="server URL")
     pace = p.add_mutually_exclusive_group()

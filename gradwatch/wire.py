@@ -17,7 +17,7 @@ parser accepts and which these models read back as floats.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
@@ -26,13 +26,15 @@ PROTOCOL_VERSION = 1
 
 SUPPORTED_VERSIONS = frozenset({1})
 
-FINDING_KINDS = (
+FindingKind = Literal[
     "missed_reset",
     "cross_optimizer_leak",
     "late_reset",
     "discarded_accumulation",
-)
+]
 """Finding kinds, a contract: checks outside the project match on these exact names."""
+
+FINDING_KINDS: tuple[str, ...] = get_args(FindingKind)
 
 ResetHow = Literal[
     "optimizer_zero_grad",  # optimizer.zero_grad(), set_to_none True or False
@@ -43,6 +45,10 @@ ResetHow = Literal[
 ]
 
 NonNegInt = Annotated[int, Field(ge=0)]
+RUN_ID_CHARS = "A-Za-z0-9_.-"
+"""The characters of a run id, as a regular-expression class body."""
+RunId = Annotated[str, Field(min_length=1, max_length=64, pattern=f"^[{RUN_ID_CHARS}]+$")]
+"""A run id: shared by every rank of one training job, safe in a URL and a file name."""
 # Norms may be NaN or Inf; they are data. ``None`` means "not sampled this step".
 Norm = float | None
 
@@ -63,7 +69,7 @@ class Header(_Record):
 
     type: Literal["header"] = "header"
     v: int = PROTOCOL_VERSION
-    run: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    run: RunId
     """Run id shared by every rank of one training job."""
     run_name: str = Field(max_length=200)
     rank: NonNegInt = 0
@@ -207,7 +213,7 @@ class IngestBatch(_Model):
 
     type: Literal["batch"] = "batch"
     v: int = PROTOCOL_VERSION
-    run: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    run: RunId
     rank: NonNegInt = 0
     records: list[Record] = Field(max_length=10_000)
 
@@ -220,9 +226,7 @@ class IngestBatch(_Model):
 class Finding(_Model):
     """A judged bug, as ``gradwatch check --json`` prints it (a contract)."""
 
-    kind: Literal[
-        "missed_reset", "cross_optimizer_leak", "late_reset", "discarded_accumulation"
-    ]
+    kind: FindingKind
     optimizer: str
     first_step: NonNegInt
     last_step: NonNegInt

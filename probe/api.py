@@ -157,7 +157,7 @@ class WatchHandle:
 
     def findings(self) -> list[Finding]:
         """Findings so far (records already written by the writer thread)."""
-        return self.writer.judge.findings()
+        return self.writer.verdict.findings()
 
     @property
     def disabled(self) -> str | None:
@@ -206,7 +206,7 @@ class WatchHandle:
 
 def _start_streamer(server: str, path: Path, run: str, rank: int) -> Any:
     try:
-        from gradwatch.probe.stream import Streamer
+        from gradwatch.stream import Streamer
 
         s = Streamer(server, path, run, rank, token=os.environ.get("GRADWATCH_TOKEN"))
         s.start()

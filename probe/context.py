@@ -7,7 +7,9 @@ import re
 import uuid
 from pathlib import Path
 
-_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+from gradwatch.wire import RUN_ID_CHARS
+
+_BAD = re.compile(f"[^{RUN_ID_CHARS}]+")
 
 
 def run_id(explicit: str | None = None) -> str:

@@ -16,18 +16,14 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
+from gradwatch.cliargs import CommandParser
 from gradwatch.wire import Finding
 
 _USAGE = ("gradwatch run [--log PATH] [--server URL] [--name NAME] [--norms-every N] "
           "-- SCRIPT.py [ARGS...] | -- -m MODULE [ARGS...]")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # exit 2 with our own prefix
-        print(f"usage: {_USAGE}\ngradwatch run: {message}", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -48,7 +44,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
             else:
                 target = argv[i:]
                 break
-    p = _Parser(prog="gradwatch run", usage=_USAGE, description=__doc__.splitlines()[0])
+    p = CommandParser(prog="gradwatch run", usage=_USAGE, description=__doc__.splitlines()[0])
     p.add_argument("--log", default=os.environ.get("GRADWATCH_LOG"),
                    help="step log path (default: gradwatch-<run id>.jsonl here)")
     p.add_argument("--server", default=os.environ.get("GRADWATCH_SERVER"),

@@ -5,7 +5,7 @@ The training thread only appends; when the buffer is full the record is dropped 
 sampled device norms to the host (GPU), writes records with
 :class:`~gradwatch.steplog.StepLogWriter`, flushes each time it has drained the buffer (at
 least every second), tells the streamer after each flush, and feeds a
-:class:`~gradwatch.analysis.Judge` so the verdict is ready at close.
+:class:`~gradwatch.verdict.Verdict` so the verdict is ready at close.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from gradwatch.analysis import Judge
 from gradwatch.probe.judge import PendingStep, UsualStep
 from gradwatch.steplog import StepLogWriter
+from gradwatch.verdict import Verdict
 from gradwatch.wire import Finding, Header, Stats, dump_record
 
 log = logging.getLogger("gradwatch.probe")
@@ -57,7 +57,7 @@ class RecordWriter:
         self.maxsize = maxsize
         self.buffer: deque[Any] = deque()
         self.dropped = 0
-        self.judge = Judge()
+        self.verdict = Verdict()
         self.streamer = streamer
         self.poll = poll
         self.warn_findings = warn_findings
@@ -124,7 +124,7 @@ class RecordWriter:
             line = dump_record(rec)
             if self._file is not None:
                 self._file.write(line)
-            for f in self.judge.feed(rec):
+            for f in self.verdict.feed(rec):
                 self._new_finding(f)
         except Exception:  # noqa: BLE001 - the writer must outlive a bad record
             if not self._failed:

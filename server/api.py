@@ -103,7 +103,7 @@ async def params(request: Request, run_id: str, opt: str, rank: int = 0,
 @router.get("/runs/{run_id}/findings", response_model=FindingList,
             summary="Findings, as gradwatch check computes them")
 async def findings(run_id: str, request: Request) -> Response:
-    """Findings, computed by the same Judge as ``gradwatch check``."""
+    """Findings, grouped by the same Verdict as ``gradwatch check``."""
     out = await asyncio.to_thread(_svc(request).reader.findings, run_id)
     if out is None:
         raise _missing(run_id)

@@ -12,22 +12,17 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
+from gradwatch.cliargs import CommandParser
 from gradwatch.server.settings import Settings, default_data_dir, is_loopback
 
 log = logging.getLogger("gradwatch.server")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # our prefix, exit 2
-        self.print_usage(sys.stderr)
-        print(f"gradwatch serve: {message}", file=sys.stderr)
-        raise SystemExit(2)
 
 
-def _parser() -> _Parser:
-    p = _Parser(prog="gradwatch serve", description="Start the gradwatch server and "
+def _parser() -> CommandParser:
+    p = CommandParser(prog="gradwatch serve", description="Start the gradwatch server and "
                                                     "dashboard.")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765)")

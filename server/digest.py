@@ -5,7 +5,7 @@ so the server can run :func:`parse_to_digest` in a worker process: it validates 
 with the wire models and returns plain tuples (each record's JSON line, its step row),
 cheap to send back. Storage then re-reads a record into a model only where it needs one:
 headers, optimizers, stats, end, and steps that carry a finding fact (the only steps the
-:class:`~gradwatch.analysis.Judge` turns into findings). Plain module: no FastAPI.
+:class:`~gradwatch.verdict.Verdict` turns into findings). Plain module: no FastAPI.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from gradwatch.analysis import has_finding_facts
 from gradwatch.frames import Hello
 from gradwatch.server.ingest import FrameError, parse_frame
 from gradwatch.server.series import Row, row_from_step
+from gradwatch.verdict import has_finding_facts
 from gradwatch.wire import IngestBatch, Step
 
 

@@ -103,7 +103,7 @@ class Reader:
         return out
 
     def findings(self, run_id: str) -> list[Finding] | None:
-        """The run's findings (as the Judge last computed them), or ``None``."""
+        """The run's findings (as (as the run's Verdict last grouped them)), or ``None``."""
         with self.conn() as c:
             rid = self._rid(c, run_id)
             if rid is None:

@@ -1,8 +1,8 @@
-"""In-memory state of a run while it is being written: counters, streams and its Judge.
+"""In-memory state of a run while it is being written: counters, streams and its Verdict.
 
 The storage writer keeps one :class:`RunState` per recently written run. After a restart
 the state is rebuilt from the database: counters from ``runs``/``streams``, and the
-:class:`~gradwatch.analysis.Judge` by feeding it the header, the optimizers and only the
+:class:`~gradwatch.verdict.Verdict` by feeding it the header, the optimizers and only the
 step records that carry a finding fact (the only steps that change findings).
 """
 
@@ -12,15 +12,15 @@ import json
 import sqlite3
 from dataclasses import dataclass, field
 
-from gradwatch.analysis import Judge
 from gradwatch.frames import RunStatus, RunSummary
 from gradwatch.server.series import Row
+from gradwatch.verdict import Verdict
 from gradwatch.wire import Header, parse_record
 
 
 @dataclass
 class RunState:
-    """Counters and judge of one run, mirrored in the ``runs`` and ``streams`` rows."""
+    """Counters and verdict of one run, mirrored in the ``runs`` and ``streams`` rows."""
 
     rid: int
     id: str
@@ -38,7 +38,7 @@ class RunState:
     dropped: dict[int, int] = field(default_factory=dict)
     next_chunk: dict[tuple[int, str], int] = field(default_factory=dict)
     finding_keys: set[tuple[int, str, str]] = field(default_factory=set)
-    judge: Judge = field(default_factory=Judge)
+    verdict: Verdict = field(default_factory=Verdict)
     chunk_rows: dict[tuple[int, str], tuple[int, list[Row], bool]] = field(
         default_factory=dict)
     """Per (rank, opt): the open chunk, its rows so far, and whether rows stored before a
@@ -98,14 +98,14 @@ def load_state(conn: sqlite3.Connection, run_id: str) -> RunState | None:
     for rank, opt, kind in conn.execute(
             "SELECT rank, opt, kind FROM findings WHERE rid=?", (rid,)):
         st.finding_keys.add((rank, opt, kind))
-    st.judge.feed(parse_record(row[11]), 0)
+    st.verdict.feed(parse_record(row[11]), 0)
     for rank, body in conn.execute(
             "SELECT rank, body FROM records WHERE rid=? AND kind IN ('optimizer', 'stats', "
             "'end') ORDER BY rank, seq", (rid,)):
-        st.judge.feed(parse_record(body), rank)
+        st.verdict.feed(parse_record(body), rank)
     for rank, body in conn.execute(
             "SELECT r.rank, r.body FROM steps s JOIN records r ON r.rid=s.rid AND "
             "r.rank=s.rank AND r.seq=s.seq WHERE s.rid=? AND (s.stale>0 OR s.leaked>0 OR "
             "s.late>0 OR s.discarded>0) ORDER BY s.rank, s.seq", (rid,)):
-        st.judge.feed(parse_record(body), rank)
+        st.verdict.feed(parse_record(body), rank)
     return st

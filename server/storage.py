@@ -210,7 +210,7 @@ class Store:
             self._conn.execute("COMMIT")
         except BaseException:
             self._conn.execute("ROLLBACK")
-            self._states.pop(d.run, None)  # its judge saw rolled-back records
+            self._states.pop(d.run, None)  # its verdict saw rolled-back records
             raise
         res.ack = st.max_seq.get(d.rank, -1)
         res.summary = st.summary()

@@ -1,7 +1,7 @@
 """How the records of one batch land in the database (inside the writer's transaction).
 
 Each record goes to ``records`` once by (run, rank, seq); only records new to the database
-update the columns, counters and the run's :class:`~gradwatch.analysis.Judge`, so a resend
+update the columns, counters and the run's :class:`~gradwatch.verdict.Verdict`, so a resend
 changes nothing. Per-parameter norms stay in the step records (read back for the few steps
 a heatmap shows). Closed chunks of :data:`server.db.CHUNK` steps get their ``step_agg`` row.
 """
@@ -72,7 +72,7 @@ def write_records(conn: sqlite3.Connection, st: RunState, rank: int, items: list
             st.dropped[rank] = max(st.dropped.get(rank, 0), r.dropped)
             if isinstance(r, End):
                 st.ended[rank] = r.status
-        for f in st.judge.feed(r, rank):
+        for f in st.verdict.feed(r, rank):
             changed = True
             key = (f.rank, f.optimizer, f.kind)
             st.finding_keys.add(key)
@@ -83,7 +83,7 @@ def write_records(conn: sqlite3.Connection, st: RunState, rank: int, items: list
     for opt, opt_rows in touched.items():
         _aggregate(conn, st, rank, opt, opt_rows)
     if changed:
-        res.findings = st.judge.findings()
+        res.findings = st.verdict.findings()
     res.stored = len(new)
     st.steps += len(step_rows)
     st.max_seq[rank] = max(max_seq, max(it.seq for it in new))

@@ -236,8 +236,8 @@ def _stored(base: str, run: str) -> tuple[dict[str, Any], list[str], int]:
 def test_image_stores_a_streamed_run_and_keeps_it_across_restart(
     docker: Docker, tmp_path: Path
 ) -> None:
-    from gradwatch.analysis import judge
     from gradwatch.steplog import read_log
+    from gradwatch.verdict import verdict_of
     from gradwatch.wire import Step
 
     tag = uuid.uuid4().hex[:8]
@@ -289,7 +289,7 @@ def test_image_stores_a_streamed_run_and_keeps_it_across_restart(
         local = read_log(step_log)
         run = local.header.run
         local_steps = sum(isinstance(r, Step) for r in local.records)
-        local_kinds = sorted(f.kind for f in judge(local.records).findings())
+        local_kinds = sorted(f.kind for f in verdict_of(local.records).findings())
         assert local_steps == STEPS
         assert "missed_reset" in local_kinds
 

@@ -22,8 +22,8 @@ from tests.serverproc import ServerProc, free_port
 
 torch = pytest.importorskip("torch")
 import gradwatch  # noqa: E402
-from gradwatch.analysis import judge  # noqa: E402
 from gradwatch.steplog import read_log  # noqa: E402
+from gradwatch.verdict import verdict_of  # noqa: E402
 
 
 def make_model() -> tuple[Any, Any]:
@@ -78,7 +78,8 @@ def test_steps_in_equal_steps_stored_equal_steps_live(tmp_path: Path) -> None:
         assert stored_steps(srv, "e2e-live") == sent
         assert sorted(s for _, _, s in live.rows) == sent  # every row once, none twice
         assert not live.decimated and live.status == "finished"
-        want = [f.model_dump(mode="json") for f in judge([log.header, *log.records]).findings()]
+        found = verdict_of([log.header, *log.records]).findings()
+        want = [f.model_dump(mode="json") for f in found]
         assert srv.get("/api/runs/e2e-live/findings")["findings"] == want
         assert want[0]["kind"] == "missed_reset" and want[0]["first_step"] == 400
 
@@ -189,8 +190,8 @@ def stuck_client(port: int, path: str) -> socket.socket:
 def test_a_stuck_live_client_never_stalls_ingest_or_other_clients(tmp_path: Path) -> None:
     import synth
 
-    from gradwatch.probe.stream import Streamer
     from gradwatch.steplog import StepLogWriter
+    from gradwatch.stream import Streamer
 
     n = 50_000  # ~6 MB of live frames: more than the kernel buffers of a socket hold
     recs = synth.records("stuck", steps=n)
@@ -230,8 +231,8 @@ def test_a_stuck_live_client_never_stalls_ingest_or_other_clients(tmp_path: Path
 def test_a_flush_per_step_stays_under_the_rate_limit(tmp_path: Path) -> None:
     import synth
 
-    from gradwatch.probe.stream import Streamer
     from gradwatch.steplog import StepLogWriter
+    from gradwatch.stream import Streamer
 
     recs = synth.records("trickle", steps=3000)
     with ServerProc(tmp_path / "data", None, "--max-msgs-per-sec", "150") as srv:

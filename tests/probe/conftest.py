@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import gradwatch
-from gradwatch.analysis import judge
 from gradwatch.steplog import read_log
+from gradwatch.verdict import verdict_of
 from gradwatch.wire import Finding, Step
 
 
@@ -47,6 +47,6 @@ def watched(tmp_path: Path) -> Callable[..., Any]:
             loop()
         log = read_log(path)
         assert not log.warnings
-        return Result(path, log.records, judge([log.header, *log.records]).findings())
+        return Result(path, log.records, verdict_of([log.header, *log.records]).findings())
 
     return run

@@ -161,8 +161,8 @@ def test_crash_mid_run_leaves_complete_lines(tmp_path: Path) -> None:
 def test_run_in_process_manual_sgd_and_gan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Manual SGD (no optimizer) stays clean; a GAN script gets names and the leak found."""
-    from gradwatch.analysis import judge
     from gradwatch.probe import runner
+    from gradwatch.verdict import verdict_of
 
     monkeypatch.chdir(tmp_path)
     manual = tmp_path / "manual.py"
@@ -207,5 +207,5 @@ def test_run_in_process_manual_sgd_and_gan(tmp_path: Path, monkeypatch: pytest.M
     infos = [r for r in log.records if r.type == "optimizer"]
     assert infos[0].params == ["Gen.net.weight", "Gen.net.bias"]
     assert infos[1].params == ["Sequential.0.weight", "Sequential.0.bias"]
-    kinds = {(f.kind, f.optimizer) for f in judge([log.header, *log.records]).findings()}
+    kinds = {(f.kind, f.optimizer) for f in verdict_of([log.header, *log.records]).findings()}
     assert kinds == {("cross_optimizer_leak", "Adam#1")}

@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import gradwatch
-from gradwatch.analysis import judge
 from gradwatch.steplog import read_log
+from gradwatch.verdict import verdict_of
 from gradwatch.wire import Step
 
 CASES = ("clean", "accumulate", "missed")
@@ -75,7 +75,8 @@ def test_ddp(ddp_logs: Path, case: str, bucket_view: int, rank: int) -> None:
     log = read_log(ddp_logs / f"{case}-{bucket_view}.rank{rank}.jsonl")
     assert log.header.rank == rank and log.header.world_size == 2
     steps = [r for r in log.records if isinstance(r, Step)]
-    kinds = [(f.kind, f.first_step, f.steps) for f in judge([log.header, *log.records]).findings()]
+    found = verdict_of([log.header, *log.records]).findings()
+    kinds = [(f.kind, f.first_step, f.steps) for f in found]
     assert len(steps) == STEPS
     assert all(not r.params for s in steps for r in s.resets if r.how != "optimizer_zero_grad")
     if case == "missed":  # zero_grad stops after step 2: every parameter re-applied from 3

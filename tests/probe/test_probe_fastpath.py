@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import gradwatch
-from gradwatch.analysis import judge
 from gradwatch.probe import judge as probe_judge
 from gradwatch.probe.state import Lookup, OptState
 from gradwatch.steplog import read_log
+from gradwatch.verdict import verdict_of
 from gradwatch.wire import Reset, Step
 
 from .probe_helpers import loss_of, mlp
@@ -107,7 +107,7 @@ def _run(tmp: Path, loop: Loop, norms_every: int, name: str) -> tuple[list[Any],
         loop(m, opt)
     log = read_log(path)
     steps = [r.model_dump(exclude={"t"}) for r in log.records if isinstance(r, Step)]
-    return steps, judge([log.header, *log.records]).findings()
+    return steps, verdict_of([log.header, *log.records]).findings()
 
 
 def _count_general(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:

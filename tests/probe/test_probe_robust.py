@@ -126,7 +126,7 @@ def test_spool_path_and_missing_server_keeps_logging(
     import sys
 
     monkeypatch.setenv("GRADWATCH_SPOOL_DIR", str(tmp_path / "spool"))
-    monkeypatch.setitem(sys.modules, "gradwatch.probe.stream", None)  # import fails
+    monkeypatch.setitem(sys.modules, "gradwatch.stream", None)  # import fails
     m, opt = _opt()
     with gradwatch.watch(opt, server="http://127.0.0.1:9", run_id="r1") as h:
         opt.zero_grad()
@@ -172,7 +172,7 @@ def test_streamer_gets_notified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         def stats(self) -> dict[str, int]:
             return {"dropped": 2}
 
-    monkeypatch.setitem(sys.modules, "gradwatch.probe.stream",
+    monkeypatch.setitem(sys.modules, "gradwatch.stream",
                         types.SimpleNamespace(Streamer=FakeStreamer))
     monkeypatch.setenv("GRADWATCH_TOKEN", "tok")
     m, opt = _opt()

@@ -11,10 +11,10 @@ import synth
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from gradwatch.analysis import judge
 from gradwatch.frames import Hello
 from gradwatch.server import Settings, create_app
 from gradwatch.steplog import read_log
+from gradwatch.verdict import verdict_of
 from gradwatch.wire import IngestBatch
 
 
@@ -46,7 +46,7 @@ def test_findings_match_the_judge_of_gradwatch_check(client: TestClient) -> None
     recs = synth.records(steps=60, stale_from=30)
     ingest(client, recs)
     got = client.get("/api/runs/run1/findings").json()["findings"]
-    want = [f.model_dump(mode="json") for f in judge(recs).findings()]
+    want = [f.model_dump(mode="json") for f in verdict_of(recs).findings()]
     assert got == want and got[0]["kind"] == "missed_reset" and got[0]["first_step"] == 30
 
 

@@ -1,23 +1,23 @@
-"""The judge: step facts become grouped findings with the contract's fields."""
+"""The verdict: step facts become grouped findings with the contract's fields."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gradwatch.analysis import Judge, judge
+from gradwatch.verdict import Verdict, verdict_of
 from gradwatch.wire import Reset
 from tests.core.logs import clean_log, header, missed_reset_log, optimizer, step
 
 
 def test_clean_run_has_no_findings() -> None:
-    j = judge([header(), *clean_log(10)])
+    j = verdict_of([header(), *clean_log(10)])
     assert j.findings() == []
     s = j.summary()
     assert s["steps"] == 10 and s["findings"] == 0 and s["status"] == "finished"
 
 
 def test_missed_reset_is_one_finding_spanning_its_steps() -> None:
-    [f] = judge([header(), *missed_reset_log()]).findings()
+    [f] = verdict_of([header(), *missed_reset_log()]).findings()
     assert (f.kind, f.optimizer, f.first_step, f.last_step, f.steps) == (
         "missed_reset", "SGD#0", 1, 3, 3)
     assert f.params == ["w", "b"]
@@ -33,7 +33,7 @@ def test_each_fact_maps_to_its_kind() -> None:
              resets=[Reset(how="optimizer_zero_grad", params=[0, 1], after_backward=True)]),
         step(5, 1, opt="G", discarded=3, discarded_params=[0]),
     ]
-    kinds = {(f.kind, f.optimizer, tuple(f.params)) for f in judge(recs).findings()}
+    kinds = {(f.kind, f.optimizer, tuple(f.params)) for f in verdict_of(recs).findings()}
     assert kinds == {
         ("cross_optimizer_leak", "D", ("b",)),
         ("late_reset", "G", ("w",)),
@@ -42,7 +42,7 @@ def test_each_fact_maps_to_its_kind() -> None:
 
 
 def test_ranks_are_judged_separately() -> None:
-    j = Judge()
+    j = Verdict()
     for rank in (0, 1):
         j.feed(optimizer(), rank)
     j.feed(step(2, 4, stale=1, stale_params=[0]), 1)
@@ -51,7 +51,7 @@ def test_ranks_are_judged_separately() -> None:
 
 
 def test_feed_returns_the_findings_a_record_changed() -> None:
-    j = Judge()
+    j = Verdict()
     j.feed(optimizer())
     assert j.feed(step(2, 0)) == []
     [changed] = j.feed(step(3, 1, stale=2, stale_params=[0, 1]))

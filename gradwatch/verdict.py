@@ -1,4 +1,4 @@
-"""Findings from records: the one judge shared by the probe, ``check`` and the server.
+"""Findings from step records: the facts the probe judged, grouped into findings and a summary.
 
 The probe records, per optimizer step, the facts it observed on ``.grad`` (stale, leaked,
 late and discarded contributions). This module turns those facts into findings, grouped by
@@ -85,7 +85,7 @@ class _Group:
                                                              "piled": 0})
 
 
-class Judge:
+class Verdict:
     """Incrementally turns records into findings.
 
     Feed records in any rank interleaving (each rank in its own order); read
@@ -191,9 +191,9 @@ class Judge:
         }
 
 
-def judge(records: Iterable[Any]) -> Judge:
-    """Judge a whole sequence of single-rank records (a step log)."""
-    j = Judge()
+def verdict_of(records: Iterable[Any]) -> Verdict:
+    """The verdict of a whole sequence of single-rank records (a step log)."""
+    j = Verdict()
     for r in records:
         j.feed(r)
     return j
