@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from gradwatch import __version__
-from gradwatch.probe import context, names, patches
+from gradwatch.probe import names, patches, runinfo
 from gradwatch.probe.tracker import Tracker
 from gradwatch.probe.writer import RecordWriter
 from gradwatch.wire import End, Finding, Header, Stats
@@ -115,14 +115,14 @@ class WatchHandle:
                  run_name: str | None = None, norms_every: int = 1,
                  run_id: str | None = None, auto: bool = False,
                  namer: Callable[[list[torch.Tensor]], list[str]] | None = None) -> None:
-        self.run_id = context.run_id(run_id)
-        self.rank, self.world_size = context.rank_world()
+        self.run_id = runinfo.run_id(run_id)
+        self.rank, self.world_size = runinfo.rank_world()
         self.server = server
         path: Path | None = None
         if log is not None:
-            path = context.log_path(log, self.rank, self.world_size)
+            path = runinfo.log_path(log, self.rank, self.world_size)
         elif server is not None:
-            path = context.spool_path(self.run_id, self.rank)
+            path = runinfo.spool_path(self.run_id, self.rank)
         self.path = path
         now = time.time()
         header = Header(seq=0, t=now, run=self.run_id,

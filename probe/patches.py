@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradwatch.probe.compat import no_compile, skip_tracing
+from gradwatch.probe.nocompile import no_compile, skip_tracing
 
 if TYPE_CHECKING:
     from gradwatch.probe.tracker import Tracker

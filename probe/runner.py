@@ -130,10 +130,10 @@ def _verdict(findings: list[Finding], steps: int, path: Path | None, disabled: s
 def main(argv: Sequence[str]) -> int:
     """Entry point of ``gradwatch run``; returns the exit code."""
     args, target = _parse(argv)
-    from gradwatch.probe import context, names
+    from gradwatch.probe import names, runinfo
     from gradwatch.probe.api import WatchHandle
 
-    run = context.run_id(None)
+    run = runinfo.run_id(None)
     log = args.log
     if log is None:
         log = f"gradwatch-{run}.jsonl"

@@ -28,8 +28,8 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from gradwatch.probe import judge
-from gradwatch.probe.compat import no_compile
 from gradwatch.probe.names import positional
+from gradwatch.probe.nocompile import no_compile
 from gradwatch.probe.state import ArmedBackward, OptState, PreCheck
 from gradwatch.wire import OptimizerInfo
 
