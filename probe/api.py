@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +114,7 @@ class WatchHandle:
                  log: str | os.PathLike[str] | None = None, server: str | None = None,
                  run_name: str | None = None, norms_every: int = 1,
                  run_id: str | None = None, auto: bool = False,
-                 namer: Callable[[list[torch.Tensor]], list[str]] | None = None) -> None:
+                 namer: names.Namer | None = None) -> None:
         self.run_id = runinfo.run_id(run_id)
         self.rank, self.world_size = runinfo.rank_world()
         self.server = server

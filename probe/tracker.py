@@ -28,7 +28,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from gradwatch.probe import judge
-from gradwatch.probe.names import positional
+from gradwatch.probe.names import Namer, positional
 from gradwatch.probe.nocompile import no_compile
 from gradwatch.probe.state import ArmedBackward, OptState, PreCheck
 from gradwatch.wire import OptimizerInfo
@@ -54,7 +54,7 @@ class Tracker:
                  "auto", "on_disable", "disabled", "steps", "_names_taken")
 
     def __init__(self, emit: Callable[[Any], None], *, norms_every: int = 1,
-                 namer: Callable[[list[torch.Tensor]], list[str]] | None = None,
+                 namer: Namer | None = None,
                  auto: bool = False, on_disable: Callable[[str], None] | None = None):
         self.mode = 0
         """0 on, -1 turned off."""
@@ -124,7 +124,7 @@ class Tracker:
 
     def _announce(self, st: OptState) -> None:
         """Emit the optimizer's parameters (names, shapes, groups) as they are now."""
-        names = self.namer(st.params) if self.namer else positional(st.groups)
+        names = (self.namer or positional)(st.params, st.groups)
         self.emit(OptimizerInfo(seq=0, t=time.time(), opt=st.name, cls=type(st.opt).__name__,
                                 params=names, shapes=[list(p.shape) for p in st.params],
                                 groups=list(st.groups)))
