@@ -40,6 +40,7 @@ from operator import is_, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from gradwatch.probe import norms as _norms
+from gradwatch.probe.cpuplan import CpuPlan
 from gradwatch.probe.state import Lookup, OptState, PendingReset, StepAcc
 from gradwatch.wire import Reset, Step, trusted
 
@@ -90,7 +91,7 @@ def _due_norms(tr: Tracker, st: OptState, grads: list[Any], zero: list[int],
     if step % every == 0:
         plan = st.norm_plan
         if plan is False and not missing:
-            plan = st.norm_plan = _norms.CpuPlan.make(grads)
+            plan = st.norm_plan = CpuPlan.make(grads)
         scale = getattr(st.opt, "grad_scale", None)
         # The usual CPU step, all fresh, read at once; groups go through ``sample``,
         # whose grad mode is off (their ``out=`` buffers refuse a create_graph grad).
