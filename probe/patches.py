@@ -123,7 +123,7 @@ def _make_opt_init(orig: Any) -> Any:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
         for t in _auto:
-            if t.mode >= 0:
+            if t.on:
                 try:
                     t.attach(self, instance_hooks=False)
                 except Exception as e:  # noqa: BLE001

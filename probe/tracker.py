@@ -49,15 +49,15 @@ def _in_backward() -> bool:
 class Tracker:
     """Tracks the optimizers of one watch session and produces step records."""
 
-    __slots__ = ("mode", "bw", "phase", "stepped_since_bw", "by_opt", "marks", "by_param",
+    __slots__ = ("on", "bw", "phase", "stepped_since_bw", "by_opt", "marks", "by_param",
                  "first", "observed", "handles", "armed", "emit", "norms_every", "namer",
                  "auto", "on_disable", "disabled", "steps", "_names_taken")
 
     def __init__(self, emit: Callable[[Any], None], *, norms_every: int = 1,
                  namer: Namer | None = None,
                  auto: bool = False, on_disable: Callable[[str], None] | None = None):
-        self.mode = 0
-        """0 on, -1 turned off."""
+        self.on = True
+        """False once turned off (an internal error, or closed)."""
         self.bw = 0
         self.phase = 0
         self.stepped_since_bw = False
@@ -133,7 +133,7 @@ class Tracker:
         """After ``Optimizer.add_param_group`` (progressive unfreezing): track the new
         parameters from now on, after the existing ones, and announce the longer list."""
         st = self.by_opt.get(opt)
-        if st is None or self.mode < 0:
+        if st is None or not self.on:
             return
         try:
             known = set(st.params)
@@ -172,7 +172,7 @@ class Tracker:
         Armed optimizers (their consumed gradients not cleared by zero_grad) also get their
         ``.grad`` state taken, returned for :meth:`end`; None when none is armed.
         """
-        if self.mode < 0:
+        if not self.on:
             return None
         try:
             bw = self.bw = self.bw + 1
@@ -201,7 +201,7 @@ class Tracker:
 
     def end(self, armed: list[tuple[OptState, ArmedBackward]]) -> None:
         """The engine returned (or raised): take the armed optimizers' gradients."""
-        if self.mode < 0:
+        if not self.on:
             return
         try:
             for st, seen in armed:
@@ -212,7 +212,7 @@ class Tracker:
     # ---------------------------------------------------------------- step hooks
     def pre(self, opt: Any, args: Any, kwargs: Any) -> Any:
         """Optimizer step pre-hook: consume the gradients (or wrap the closure)."""
-        if self.mode < 0:
+        if not self.on:
             return None
         try:
             st = self.by_opt.get(opt)
@@ -247,7 +247,7 @@ class Tracker:
 
     def post(self, opt: Any, args: Any, kwargs: Any) -> None:
         """Optimizer step post-hook (closure steps): emit the step record."""
-        if self.mode < 0:
+        if not self.on:
             return
         try:
             st = self.by_opt.get(opt)
@@ -261,7 +261,7 @@ class Tracker:
     def _wrap_closure(self, st: OptState, closure: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(*a: Any, **kw: Any) -> Any:
             out = closure(*a, **kw)
-            if self.mode >= 0:
+            if self.on:
                 try:
                     judge.consume(self, st, closure=True)
                 except Exception as e:  # noqa: BLE001
@@ -274,7 +274,7 @@ class Tracker:
     def opt_zero_grad(self, opt: Any) -> None:
         """After ``Optimizer.zero_grad``: every parameter of ``opt`` was reset."""
         st = self.by_opt.get(opt)
-        if st is None or self.mode < 0:
+        if st is None or not self.on:
             return
         try:
             st.reset_all("optimizer_zero_grad")
@@ -286,7 +286,7 @@ class Tracker:
 
     def module_zero_grad(self, module: torch.nn.Module) -> None:
         """After ``Module.zero_grad``: the module's parameters were reset."""
-        if self.mode < 0 or not self.by_param:
+        if not self.on or not self.by_param:
             return
         try:
             covered: dict[OptState, list[int]] = {}
@@ -309,14 +309,14 @@ class Tracker:
 
     def scaler_before(self, opt: Any) -> tuple[OptState, int] | None:
         st = self.by_opt.get(opt)
-        if st is None and self.auto and self.mode >= 0 and isinstance(
+        if st is None and self.auto and self.on and isinstance(
                 opt, torch.optim.Optimizer):
             st = self.attach(opt, instance_hooks=False)
         return None if st is None else (st, st.step)
 
     def scaler_after(self, token: tuple[OptState, int] | None) -> None:
         """After ``GradScaler.step``: if the optimizer did not step, record a skipped step."""
-        if token is None or self.mode < 0:
+        if token is None or not self.on:
             return
         st, before = token
         if st.step != before:
@@ -331,9 +331,9 @@ class Tracker:
     # ---------------------------------------------------------------- lifecycle
     def fail(self, exc: BaseException) -> None:
         """Log the internal error once, turn the probe off; training goes on."""
-        if self.mode < 0:
+        if not self.on:
             return
-        self.mode = -1
+        self.on = False
         self.disabled = f"{type(exc).__name__}: {exc}"[:1000]
         log.error("gradwatch: internal error, the probe turns itself off and training "
                   "goes on: %s", self.disabled, exc_info=exc)
@@ -351,14 +351,13 @@ class Tracker:
         for h in self.handles:
             h.remove()
         self.handles.clear()
-        if self.mode < 0:  # what the hooks appended since the probe turned off
+        if not self.on:  # what the hooks appended since the probe turned off
             for st in self.by_opt.values():
                 st.incoming.clear()
 
     def close(self) -> None:
         self.remove_hooks()
-        if self.mode >= 0:
-            self.mode = -1
+        self.on = False
         for st in self.by_opt.values():
             st.incoming.clear()
             st.hits.clear()
