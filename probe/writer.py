@@ -29,7 +29,7 @@ _STATS_EVERY = 10.0
 """Seconds between ``Stats`` records while records are being dropped."""
 _YIELD = 2e-5
 """Seconds the writer sleeps after each record, to hand the GIL back (see
-:class:`RecordWriter`); the kernel rounds it up to its timer slack (about 50 us)."""
+:class:`RecordWriter`); the kernel rounds it up to its timer slack."""
 _BEHIND = 256
 """Buffered records above which the writer stops yielding and catches up."""
 
@@ -37,19 +37,14 @@ _BEHIND = 256
 class RecordWriter:
     """Owns the buffer, the thread, the step log file and the streamer.
 
-    The training thread appends to a bounded deque (no lock, no wake-up: a wake-up per
-    record costs a thread switch per step); the writer thread polls it every
+    :meth:`put` never blocks the training thread; the writer thread polls the buffer every
     ``poll`` seconds, writes what it finds and flushes, so the log is never more than
     ``poll`` seconds behind (the contract asks for at most one second).
-
-    The writer's work is Python, under the GIL, and a thread keeps the GIL until it blocks
-    (or for the interpreter's switch interval, 5 ms). Drained in one go, a poll's records
-    held it for the whole drain, and the training thread, coming back from a kernel,
-    waited for the rest of it. So the writer sleeps a moment after each record: the
-    training thread gets the GIL back between records, and the writer works while it runs
-    kernels (``bench/probe_overhead.py`` prints the training thread's waits). It stops
-    yielding when it falls behind (:data:`_BEHIND` records) and while closing.
     """
+
+    # A bounded deque with no lock and no wake-up: a wake-up per record would cost a thread
+    # switch per step. The writer sleeps a moment after each record: a drain in one go held
+    # the GIL, and the training thread waited for all of it.
 
     def __init__(self, header: Header, path: Path | None, *, maxsize: int = 10_000,
                  poll: float = 0.1, streamer: Any = None, warn_findings: bool = True) -> None:
