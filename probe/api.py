@@ -4,6 +4,8 @@
 on). The handle is a context manager; ``close()`` removes every hook, restores every
 wrapper, writes ``Stats`` and ``End`` and flushes the step log. An ``atexit`` hook closes a
 handle the program forgot.
+
+Thread: training (the user's thread calls ``watch()`` and ``close()``; ``atexit`` may close).
 """
 
 from __future__ import annotations

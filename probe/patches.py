@@ -9,6 +9,8 @@ parameters added later (progressive unfreezing) are tracked. ``torch.autograd.ba
 per backward instead of a check in every parameter's hook. In ``gradwatch run`` mode
 ``Optimizer.__init__`` is wrapped too, to attach to each optimizer the script creates. The
 last session to close restores the originals.
+
+Thread: training (the wrappers run where the user calls them; registering is locked).
 """
 
 from __future__ import annotations

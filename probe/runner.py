@@ -5,6 +5,8 @@ Runs a training script unmodified in this process (like ``python -m cProfile``: 
 ``torch.optim.Optimizer`` the script creates or steps. Writes the step log, prints a short
 verdict to stderr at exit, and exits with the script's own exit code (1 after an uncaught
 exception, whose traceback is printed). Wrong arguments exit 2.
+
+Thread: the main thread, which runs the script (its training thread).
 """
 
 from __future__ import annotations
