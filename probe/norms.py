@@ -1,23 +1,22 @@
-"""Gradient norms in batches, once per step: on GPU one ``_foreach_norm`` and one stack; on
-CPU a :class:`~gradwatch.probe.cpuplan.CpuPlan`.
+"""Gradient norms, batched once per step, and when each optimizer samples them.
 
-On a GPU nothing here reads a value back to the host except :func:`values`, used only on
-the rare suspicious path (content already consumed, no new contribution): sampled norms
-stay on the device and the writer thread copies them to the host, so the training thread
-never waits. On CPU, where reading costs no device sync, they are read at once (see
-:class:`NormSample`).
+Thread: training (the step pre-hook, through a ledger).
 
-Fresh norms (the contributions added since the previous step): where a parameter's
-``.grad`` holds only fresh contributions (every clean step) the fresh norm *is* the norm,
-with no extra kernel. Where it also holds contributions consumed before (a missed reset),
-the exact fresh part is ``grad - grad_at_last_step``; that needs a copy of the consumed
-gradient, which the probe keeps only for optimizers that have already shown stale
-consumption (the bug path). Where the fresh part is not exactly known it is ``None``.
+Nothing here reads a device value back to the host except :func:`values` (the rare
+suspicious path): on a GPU sampled norms stay on the device and the writer thread copies
+them, so the training thread never waits. On CPU, where reading costs no sync, they are read
+at once (see :func:`_made`).
+
+Fresh norms (the contributions added since the previous step): where a ``.grad`` holds only
+fresh contributions (every clean step) the fresh norm *is* the norm, with no extra kernel.
+Where it also holds contributions consumed before (a missed reset), the exact fresh part is
+``grad - grad_at_last_step``, which needs a copy of the consumed gradient: the probe keeps
+one only for optimizers that have shown stale consumption. Where the fresh part is not
+exactly known it is ``None``.
 """
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -25,9 +24,78 @@ from typing import Any
 import torch
 
 from gradwatch.probe.cpuplan import CpuPlan
+from gradwatch.probe.facts import Norms, NormSample
 
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
+
+Grads = list[torch.Tensor | None]
+"""The gradients a step reads, one per parameter (None where a parameter has none)."""
+Baseline = list[tuple[torch.Tensor, "weakref.ref[torch.Tensor]", int] | None]
+"""Per parameter: a copy of the gradient a step consumed, a reference to it and its version
+(or None)."""
+
+
+class NormSchedule:
+    """When one optimizer's norms are sampled, and how: its :class:`CpuPlan` and, on the bug
+    path, the copies of consumed gradients its exact fresh norms need. Owned by its ledger."""
+
+    __slots__ = ("opt", "every", "plan", "planned", "baseline", "stale_seen")
+
+    def __init__(self, opt: torch.optim.Optimizer, every: int) -> None:
+        self.opt = opt
+        self.every = every
+        """Sample every N steps (0 = never)."""
+        self.plan: CpuPlan | None = None
+        self.planned = False
+        """:attr:`plan` was made (it is None where the gradients are not all on the CPU)."""
+        self.baseline: Baseline | None = None
+        self.stale_seen = False
+        """The optimizer consumed stale content once: keep baselines from now on."""
+
+    def due(self, step: int, grads: Grads, zero: list[int],
+            mixed: list[tuple[int, int]], missing: bool) -> Norms:
+        """This step's norms when due, else None (see :func:`sample` for the arguments);
+        keeps the copy of the gradients the next step's exact fresh norms need."""
+        every = self.every
+        if not every:
+            return None
+        norms: Norms = None
+        if step % every == 0:
+            if not self.planned and not missing:
+                self.plan = CpuPlan.make(grads)  # type: ignore[arg-type]  # no None in them
+                self.planned = True
+            plan = self.plan
+            scale = getattr(self.opt, "grad_scale", None)
+            # The usual CPU step, all fresh, read at once; groups go through ``sample``,
+            # whose grad mode is off (their ``out=`` buffers refuse a create_graph grad).
+            if (plan is not None and scale is None
+                    and not (plan.groups or plan.failed or missing or zero or mixed)):
+                norms = plan.read(grads)  # type: ignore[arg-type]  # no None in them
+            if norms is None:
+                norms = sample(grads, scale, zero, mixed, self.baseline, missing, plan)
+        if self.stale_seen and (step + 1) % every == 0:
+            self.baseline = snapshot(grads)
+        elif self.baseline is not None:
+            self.baseline = None
+        return norms
+
+    def saw_stale(self) -> None:
+        """The optimizer consumed stale content: keep baselines for exact fresh norms."""
+        self.stale_seen = True
+
+    def skipped(self, step: int, grads: Grads) -> Norms:
+        """The norms of a step GradScaler skipped, when due (as they are: nothing unscaled)."""
+        every = self.every
+        if every and step % every == 0:
+            return sample(grads, None, [], [], None)
+        return None
+
+    def replan(self, added: int) -> None:
+        """Parameters were added: plan again; they have no baseline."""
+        self.plan, self.planned = None, False
+        if self.baseline is not None:
+            self.baseline.extend([None] * added)
 
 
 def _norm_list(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -54,74 +122,8 @@ def values(grads: list[torch.Tensor]) -> list[float]:
     return out
 
 
-class NormSample:
-    """Norms of one step: device tensors (GPU), or host floats already (CPU).
-
-    ``ks`` are the parameter indices that had a gradient; ``norms[j]`` and ``fresh[j]``
-    belong to ``ks[j]``; positions in ``unknown`` have no exact fresh norm.
-
-    On GPU the tensors stay on the device and the writer thread copies them, so the
-    training thread never waits. On CPU (a :class:`CpuPlan`) they are read at once, which
-    costs no device sync: small tensors kept alive for the writer, freed later by another
-    thread, break up the heap the next steps' gradients are allocated from, and a step
-    can then pay page faults for its gradients.
-    """
-
-    __slots__ = ("n_params", "ks", "norms", "fresh", "unknown")
-
-    def __init__(self, n_params: int, ks: Sequence[int], norms: torch.Tensor | list[float],
-                 fresh: torch.Tensor | list[float], unknown: list[int]) -> None:
-        self.n_params = n_params
-        self.ks = ks
-        self.norms = norms
-        self.fresh = fresh
-        self.unknown = unknown
-
-    def host(self) -> tuple[list[float | None], list[float | None], float, float | None]:
-        """``(norms, fresh_norms, norm, fresh_norm)`` on the host; ``None`` where unknown."""
-        nv = _listed(self.norms)
-        same = self.fresh is self.norms
-        fv = nv if same else _listed(self.fresh)
-        total = _total(nv)
-        ft = None if self.unknown else (total if same else _total(fv))
-        if len(self.ks) == self.n_params and not self.unknown:
-            return nv, fv, total, ft
-        per: list[float | None] = [None] * self.n_params
-        fresh: list[float | None] = [None] * self.n_params
-        for j, k in enumerate(self.ks):
-            per[k] = nv[j]
-            fresh[k] = fv[j]
-        for j in self.unknown:
-            fresh[self.ks[j]] = None
-        return per, fresh, total, ft
-
-
-def on_host(sample: NormSample | list[float]
-            ) -> tuple[list[float | None], list[float | None], float, float | None]:
-    """``(norms, fresh_norms, norm, fresh_norm)`` of a sample on the host. A list is the
-    usual CPU step's :meth:`CpuPlan.read`: every parameter, all of it fresh."""
-    if isinstance(sample, list):
-        total = _total(sample)
-        return sample, sample, total, total  # type: ignore[return-value]
-    return sample.host()
-
-
-def _listed(x: torch.Tensor | list[float]) -> list[Any]:
-    """Host values: read from the device (GPU), or already read (CPU)."""
-    return x if isinstance(x, list) else x.tolist()
-
-
-def _total(xs: list[float]) -> float:
-    """Norm of all parameters together, on the host: NaN where one is NaN (as the norm of
-    the whole gradient would be), else Inf where one is Inf."""
-    total = math.hypot(*xs)
-    if total == math.inf and any(x != x for x in xs):
-        return math.nan
-    return total
-
-
-def sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
-           mixed: list[tuple[int, int]], baseline: list[Any] | None,
+def sample(grads: Grads, scale: Any, zero: list[int],
+           mixed: list[tuple[int, int]], baseline: Baseline | None,
            missing: bool = True, plan: CpuPlan | None = None) -> NormSample:
     """Norms of this step's gradients and of their fresh part.
 
@@ -144,19 +146,20 @@ def sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
             _set_grad_enabled(True)
 
 
-def _sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
-            mixed: list[tuple[int, int]], baseline: list[Any] | None, missing: bool,
+def _sample(grads: Grads, scale: Any, zero: list[int],
+            mixed: list[tuple[int, int]], baseline: Baseline | None, missing: bool,
             plan: CpuPlan | None) -> NormSample:
+    present: list[torch.Tensor]
+    ks: Sequence[int]
     if missing:
         ks = [k for k, g in enumerate(grads) if g is not None]
-        present = [grads[k] for k in ks]
+        present = [g for g in grads if g is not None]
     else:
-        ks = range(len(grads))  # type: ignore[assignment]
-        present = grads
-    planned = (None if missing or plan is None or plan.failed
-               else plan.norms(present))  # type: ignore[arg-type]
+        ks = range(len(grads))
+        present = grads  # type: ignore[assignment]  # no None among them
+    planned = None if missing or plan is None or plan.failed else plan.norms(present)
     cpu = planned is not None
-    norms = _norm_list(present) if planned is None else planned  # type: ignore[arg-type]
+    norms = _norm_list(present) if planned is None else planned
     if scale is not None:
         norms = norms / scale.to(norms.device)
     if not zero and not mixed:
@@ -187,14 +190,16 @@ def _sample(grads: list[torch.Tensor | None], scale: Any, zero: list[int],
 
 def _made(n: int, ks: Sequence[int], norms: torch.Tensor, fresh: torch.Tensor,
           unknown: list[int], cpu: bool) -> NormSample:
-    """The sample; on CPU read to the host at once (see :class:`NormSample`)."""
+    """The sample; on CPU read to the host at once."""
+    # Small CPU tensors kept alive for the writer and freed by another thread break up the
+    # heap the next gradients are allocated from (page faults in the next steps).
     if not cpu:
         return NormSample(n, ks, norms, fresh, unknown)
     host = norms.tolist()
     return NormSample(n, ks, host, host if fresh is norms else fresh.tolist(), unknown)
 
 
-def snapshot(grads: list[torch.Tensor | None]) -> list[Any]:
+def snapshot(grads: Grads) -> Baseline:
     """Copies of the consumed gradients (bug path only), with identity and version."""
     ref = weakref.ref
     with torch.no_grad():
