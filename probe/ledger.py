@@ -77,7 +77,7 @@ class Ledger:
     def add(self, params: list[torch.Tensor], groups: list[int]) -> range:
         """Parameters added to the optimizer (``add_param_group``), indexed after the others;
         returns their indices."""
-        ks = self.contents.add(params)  # extends :attr:`params`, the same list
+        ks = self.contents.add(params)  # extends self.params: the same list
         self.groups.extend(groups)
         self.norms.replan(len(params))
         return ks
