@@ -6,7 +6,7 @@ Two models: an MLP 784-512-512-10 (batch 64) and a many-tensor model (200 x Line
 meets them: after the backward, before the step. (Timed right after the step instead, they
 cost less: the step has just read the gradients back into the cache. That figure is printed
 too, for reference.) Next to it, the probe's own CPU norms alone
-(:class:`~gradwatch.probe.norms.CpuPlan`, values read), timed at the same point, and the
+(:class:`~gradwatch.probe.cpuplan.CpuPlan`, values read), timed at the same point, and the
 floor's kernels with their values read by stacking them.
 Modes are measured side by side in interleaved blocks, their order rotating from block to
 block, so drift in machine speed hits all of them alike; the floor is a mode of its own, so
@@ -44,7 +44,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 import gradwatch
-from gradwatch.probe.norms import CpuPlan
+from gradwatch.probe.cpuplan import CpuPlan
 from gradwatch.probe.writer import RecordWriter
 
 

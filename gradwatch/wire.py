@@ -184,7 +184,8 @@ class Stats(_Record):
     dropped: NonNegInt = 0
     """Records lost for good (queue full and no spool)."""
     spooled: NonNegInt = 0
-    """Records written to the local spool while the server was unreachable."""
+    """Always 0 from this probe: its step log is the spool, where records the server has not
+    stored stay (``gradwatch replay`` sends them). Kept so that logs carrying it still read."""
     disabled: str | None = Field(default=None, max_length=1000)
     """Why the probe turned itself off, if it did."""
 

@@ -1,10 +1,15 @@
 """The probe: runs inside the training process, judges every optimizer step, writes records.
 
-``watch()`` attaches to given optimizers; ``gradwatch run`` (:mod:`.runner`) attaches to every
-optimizer a script creates. See :mod:`gradwatch.probe.tracker` for how it stays cheap.
+Thread: training (importing it loads nothing; :mod:`.api` is loaded on first use).
 
-Names are loaded on first use, so torch-free submodules (:mod:`.stream`, used by
-``gradwatch replay``) import without torch.
+``watch()`` attaches to given optimizers; ``gradwatch run`` (:mod:`.runner`) attaches to every
+optimizer a script creates. Per optimizer step: the tracker (:mod:`.tracker`) routes torch's
+events to one ledger per optimizer (:mod:`.ledger`), which counts the step and hands its facts
+(:mod:`.facts`) to the writer thread (:mod:`.writer`), which builds the step record
+(:mod:`.records`) and writes it.
+
+Names are loaded on first use, so ``import gradwatch`` stays torch-free until ``watch`` is
+used.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
 on). The handle is a context manager; ``close()`` removes every hook, restores every
 wrapper, writes ``Stats`` and ``End`` and flushes the step log. An ``atexit`` hook closes a
 handle the program forgot.
+
+Thread: training (the user's thread calls ``watch()`` and ``close()``; ``atexit`` may close).
 """
 
 from __future__ import annotations
@@ -14,17 +16,20 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gradwatch import __version__
-from gradwatch.probe import context, names, patches
+from gradwatch.probe import names, patches, runinfo
 from gradwatch.probe.tracker import Tracker
 from gradwatch.probe.writer import RecordWriter
 from gradwatch.wire import End, Finding, Header, Stats
+
+if TYPE_CHECKING:
+    from gradwatch.stream import Streamer
 
 log = logging.getLogger("gradwatch.probe")
 
@@ -114,15 +119,15 @@ class WatchHandle:
                  log: str | os.PathLike[str] | None = None, server: str | None = None,
                  run_name: str | None = None, norms_every: int = 1,
                  run_id: str | None = None, auto: bool = False,
-                 namer: Callable[[list[torch.Tensor]], list[str]] | None = None) -> None:
-        self.run_id = context.run_id(run_id)
-        self.rank, self.world_size = context.rank_world()
+                 namer: names.Namer | None = None) -> None:
+        self.run_id = runinfo.run_id(run_id)
+        self.rank, self.world_size = runinfo.rank_world()
         self.server = server
         path: Path | None = None
         if log is not None:
-            path = context.log_path(log, self.rank, self.world_size)
+            path = runinfo.log_path(log, self.rank, self.world_size)
         elif server is not None:
-            path = context.spool_path(self.run_id, self.rank)
+            path = runinfo.spool_path(self.run_id, self.rank)
         self.path = path
         now = time.time()
         header = Header(seq=0, t=now, run=self.run_id,
@@ -132,7 +137,7 @@ class WatchHandle:
                         host=socket.gethostname()[:255], pid=os.getpid(),
                         argv=[str(a) for a in sys.argv[:256]], norms_every=norms_every)
         self.writer = RecordWriter(header, path)
-        self.streamer: Any = None
+        self.streamer: Streamer | None = None
         if server is not None and path is not None:
             self.streamer = _start_streamer(server, path, self.run_id, self.rank)
             self.writer.streamer = self.streamer
@@ -172,15 +177,12 @@ class WatchHandle:
         atexit.unregister(self._atexit)
         self.tracker.close()
         patches.unregister(self.tracker)
-        dropped = self.writer.dropped
-        extra = _streamer_stats(self.streamer)
-        self.writer.put_blocking(Stats(seq=0, t=time.time(),
-                                       dropped=dropped + extra.get("dropped", 0),
-                                       spooled=extra.get("spooled", 0),
+        dropped = self.writer.dropped + _streamer_dropped(self.streamer)
+        self.writer.put_blocking(Stats(seq=0, t=time.time(), dropped=dropped,
                                        disabled=self.tracker.disabled))
         self.writer.put_blocking(End(seq=0, t=time.time(), status=status,  # type: ignore[arg-type]
                                      exit_code=exit_code, steps=self.tracker.steps,
-                                     dropped=dropped + extra.get("dropped", 0)))
+                                     dropped=dropped))
         self.writer.close()
         if self.streamer is not None:
             try:
@@ -204,7 +206,7 @@ class WatchHandle:
             self.close(status="failed")
 
 
-def _start_streamer(server: str, path: Path, run: str, rank: int) -> Any:
+def _start_streamer(server: str, path: Path, run: str, rank: int) -> Streamer | None:
     try:
         from gradwatch.stream import Streamer
 
@@ -217,14 +219,14 @@ def _start_streamer(server: str, path: Path, run: str, rank: int) -> Any:
         return None
 
 
-def _streamer_stats(streamer: Any) -> dict[str, int]:
+def _streamer_dropped(streamer: Streamer | None) -> int:
+    """Records the streamer lost for good (0 without one, or if it cannot say)."""
     if streamer is None:
-        return {}
+        return 0
     try:
-        return {k: int(v) for k, v in dict(streamer.stats()).items()
-                if k in ("dropped", "spooled")}
+        return int(streamer.stats().get("dropped", 0))
     except Exception:  # noqa: BLE001
-        return {}
+        return 0
 
 
 def watch(optimizer_or_list: Any, *, model: torch.nn.Module | None = None,

@@ -1,11 +1,12 @@
-"""Parameter names for ``OptimizerInfo``: from the model, from the live modules, or by position.
+"""Parameter names for ``OptimizerInfo``: from the model, from the live modules, or unnamed.
+
+Thread: training (once per optimizer, when it is attached or gains parameters).
 
 With ``model=`` the names are ``model.named_parameters()`` names. Under ``gradwatch run``
 the probe does not know the model, so at attach time it looks once (via ``gc``) for the
 root modules that own the optimizer's parameters; when several root modules hold
 parameters (a GAN's generator and discriminator) names get the root's class name as a
-prefix. Anything else is named
-``group{g}.param{i}``.
+prefix. A parameter with no such name is named by :func:`unnamed`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,17 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+Namer = Callable[[Sequence[torch.Tensor], Sequence[int]], list[str]]
+"""``namer(params, groups) -> names``: one name per parameter, ``groups[k]`` being
+parameter ``k``'s param group."""
 
-def positional(groups: Sequence[int]) -> list[str]:
+
+def unnamed(groups: Sequence[int] | None, n: int) -> list[str]:
+    """Names for ``n`` parameters that have none: ``group{g}.param{i}``, the ``i``-th
+    parameter of param group ``g``; ``param{i}``, the ``i``-th of all, where the groups are
+    not known (``groups`` None)."""
+    if groups is None:
+        return [f"param{i}" for i in range(n)]
     seen: dict[int, int] = {}
     out = []
     for g in groups:
@@ -26,15 +36,22 @@ def positional(groups: Sequence[int]) -> list[str]:
     return out
 
 
-def from_model(model: torch.nn.Module) -> Callable[[list[torch.Tensor]], list[str]]:
-    """A namer using ``model.named_parameters()`` (positional names for the rest)."""
+def positional(params: Sequence[torch.Tensor], groups: Sequence[int]) -> list[str]:
+    """The namer without a model: every parameter :func:`unnamed`."""
+    return unnamed(groups, len(params))
+
+
+def from_model(model: torch.nn.Module) -> Namer:
+    """A namer using ``model.named_parameters()`` (:func:`unnamed` for the rest)."""
     table: dict[torch.Tensor, str] = {
         p: n for n, p in model.named_parameters(remove_duplicate=False)}
-    return lambda params: _lookup(params, table)
+    return lambda params, groups: _named(params, groups, table)
 
 
-def from_live_modules(params: list[torch.Tensor]) -> list[str]:
-    """Names from the root modules found in memory that own ``params``."""
+def from_live_modules(params: Sequence[torch.Tensor],
+                      groups: Sequence[int] | None = None) -> list[str]:
+    """Names from the root modules found in memory that own ``params`` (a :data:`Namer`;
+    :func:`unnamed` for the rest)."""
     wanted = set(params)
     # type(), not isinstance(): isinstance() reads __class__, which raises ReferenceError
     # on a dead weakref.proxy and warns on lazy module proxies found in gc.
@@ -60,11 +77,10 @@ def from_live_modules(params: list[torch.Tensor]) -> list[str]:
     for m, table in owners:
         for p, n in table.items():
             merged.setdefault(p, f"{type(m).__name__}.{n}" if prefix else n)
-    return _lookup(params, merged)
+    return _named(params, groups, merged)
 
 
-def _lookup(params: list[torch.Tensor], table: dict[torch.Tensor, str]) -> list[str]:
-    out = []
-    for i, p in enumerate(params):
-        out.append(table.get(p, f"param{i}"))
-    return out
+def _named(params: Sequence[torch.Tensor], groups: Sequence[int] | None,
+           table: dict[torch.Tensor, str]) -> list[str]:
+    fallback = unnamed(groups, len(params))
+    return [table.get(p, fallback[k]) for k, p in enumerate(params)]

@@ -9,6 +9,8 @@ parameters added later (progressive unfreezing) are tracked. ``torch.autograd.ba
 per backward instead of a check in every parameter's hook. In ``gradwatch run`` mode
 ``Optimizer.__init__`` is wrapped too, to attach to each optimizer the script creates. The
 last session to close restores the originals.
+
+Thread: training (the wrappers run where the user calls them; registering is locked).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradwatch.probe.compat import no_compile, skip_tracing
+from gradwatch.probe.nocompile import no_compile, skip_tracing
 
 if TYPE_CHECKING:
     from gradwatch.probe.tracker import Tracker
@@ -123,7 +125,7 @@ def _make_opt_init(orig: Any) -> Any:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
         for t in _auto:
-            if t.mode >= 0:
+            if t.on:
                 try:
                     t.attach(self, instance_hooks=False)
                 except Exception as e:  # noqa: BLE001

@@ -5,6 +5,8 @@ Runs a training script unmodified in this process (like ``python -m cProfile``: 
 ``torch.optim.Optimizer`` the script creates or steps. Writes the step log, prints a short
 verdict to stderr at exit, and exits with the script's own exit code (1 after an uncaught
 exception, whose traceback is printed). Wrong arguments exit 2.
+
+Thread: the main thread, which runs the script (its training thread).
 """
 
 from __future__ import annotations
@@ -130,10 +132,10 @@ def _verdict(findings: list[Finding], steps: int, path: Path | None, disabled: s
 def main(argv: Sequence[str]) -> int:
     """Entry point of ``gradwatch run``; returns the exit code."""
     args, target = _parse(argv)
-    from gradwatch.probe import context, names
+    from gradwatch.probe import names, runinfo
     from gradwatch.probe.api import WatchHandle
 
-    run = context.run_id(None)
+    run = runinfo.run_id(None)
     log = args.log
     if log is None:
         log = f"gradwatch-{run}.jsonl"

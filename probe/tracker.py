@@ -1,14 +1,15 @@
-"""The hooks: contributions from post-accumulate-grad hooks, resets from ``.grad`` state.
+"""The tracker: attaches to optimizers and routes torch's events to their ledgers.
 
-Hot path (per parameter, per backward): the hook is the bound ``append`` of its
-optimizer's ``incoming`` list, so a contribution costs the engine's call and no Python
-frame. Backward passes are told apart by a marker the wrapper of ``torch.autograd.backward``
-(:mod:`gradwatch.probe.patches`) appends before the engine runs (:meth:`Tracker.begin`);
-a backward run inside another one (reentrant checkpointing) belongs to the outer one. On
-the rare *armed* path (a step without a following ``zero_grad``) the wrapper also takes the
-``.grad`` state around the backward. Everything else runs once per step (the step
-pre-hook, plus a post-hook for closure steps) or in the ``zero_grad`` wrappers, in bulk
-where the step is the usual one (see :func:`gradwatch.probe.judge.consume`).
+Thread: training (hooks, step hooks and wrappers run in the user's training thread).
+
+Hot path (per parameter, per backward): the hook is the bound ``append`` of its ledger's
+hooks' list, so a contribution costs the engine's call and no Python frame. Backward passes
+are told apart by a marker the wrapper of ``torch.autograd.backward``
+(:mod:`gradwatch.probe.patches`) appends before the engine runs (:meth:`Tracker.begin`); a
+backward run inside another one (reentrant checkpointing) belongs to the outer one. On the
+rare *armed* path (a step without a following ``zero_grad``) the wrapper also takes the
+``.grad`` state around the backward. Everything else runs once per step (the step pre-hook,
+plus a post-hook for closure steps) or in the ``zero_grad`` wrappers.
 
 A backward that calls the autograd engine without ``torch.autograd.backward`` (Megatron's
 ``custom_backward``), or through a reference to it taken before the watch started, gets no
@@ -27,10 +28,12 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from gradwatch.probe import judge
-from gradwatch.probe.compat import no_compile
-from gradwatch.probe.names import positional
-from gradwatch.probe.state import ArmedBackward, OptState, PreCheck
+from gradwatch.probe.backwards import Backwards
+from gradwatch.probe.facts import StepFacts
+from gradwatch.probe.handresets import ArmedBackward
+from gradwatch.probe.ledger import Ledger
+from gradwatch.probe.names import Namer, positional
+from gradwatch.probe.nocompile import no_compile
 from gradwatch.wire import OptimizerInfo
 
 log = logging.getLogger("gradwatch.probe")
@@ -41,37 +44,40 @@ _MAX_HITS = 1_000_000
 checked every :data:`_CHECK_EVERY` backwards."""
 _CHECK_EVERY = 1024
 
+Emit = Callable[[StepFacts | OptimizerInfo], None]
+"""Where step facts and records go (the writer's ``put``): never blocks."""
+StepArgs = tuple[tuple[Any, ...], dict[str, Any]]
+"""A step's ``(args, kwargs)``, as torch hands them to a step pre-hook."""
+
 
 def _in_backward() -> bool:
     return bool(torch._C._current_graph_task_id() != -1)
 
 
 class Tracker:
-    """Tracks the optimizers of one watch session and produces step records."""
+    """Tracks the optimizers of one watch session: each gets a :class:`Ledger`, and the
+    tracker routes torch's events to it, handing each step's facts to ``emit``."""
 
-    __slots__ = ("mode", "bw", "phase", "stepped_since_bw", "by_opt", "marks", "by_param",
-                 "first", "observed", "handles", "armed", "emit", "norms_every", "namer",
-                 "auto", "on_disable", "disabled", "steps", "_names_taken")
+    __slots__ = ("on", "backwards", "ledgers", "marks", "by_param", "handles", "own_hooks",
+                 "post_hooked", "unhooked", "emit", "norms_every", "namer", "auto",
+                 "on_disable", "disabled", "steps", "_names_taken")
 
-    def __init__(self, emit: Callable[[Any], None], *, norms_every: int = 1,
-                 namer: Callable[[list[torch.Tensor]], list[str]] | None = None,
+    def __init__(self, emit: Emit, *, norms_every: int = 1, namer: Namer | None = None,
                  auto: bool = False, on_disable: Callable[[str], None] | None = None):
-        self.mode = 0
-        """0 on, -1 turned off."""
-        self.bw = 0
-        self.phase = 0
-        self.stepped_since_bw = False
-        self.by_opt: dict[Any, OptState] = {}
+        self.on = True
+        """False once turned off (an internal error, or closed)."""
+        self.backwards = Backwards()
+        self.ledgers: dict[torch.optim.Optimizer, Ledger] = {}
         self.marks: list[Callable[[int], None]] = []
-        """Each optimizer's ``incoming.append``: where a backward's marker goes."""
-        self.by_param: dict[torch.Tensor, list[tuple[OptState, int]]] = {}
-        self.first: dict[int, tuple[int, int]] = {}
-        """Backward id -> (optimizer uid, phase) of the first step that consumed it."""
-        self.observed: set[int] = set()
-        """Backward ids whose contributions a GradScaler-skipped step looked at."""
+        """Each ledger's ``incoming.append``: where a backward's marker goes."""
+        self.by_param: dict[torch.Tensor, list[tuple[Ledger, int]]] = {}
         self.handles: list[RemovableHandle] = []
-        self.armed: set[OptState] = set()
-        """Optimizers whose consumed gradients no zero_grad has cleared yet."""
+        self.own_hooks: set[Ledger] = set()
+        """Ledgers whose optimizer has step hooks of its own (not the global ones of
+        ``gradwatch run``)."""
+        self.post_hooked: set[Ledger] = set()
+        self.unhooked: dict[Ledger, list[int]] = {}
+        """Parameters without a hook yet (not requiring grad when attached)."""
         self.emit = emit
         self.norms_every = norms_every
         self.namer = namer
@@ -83,11 +89,11 @@ class Tracker:
 
     # ---------------------------------------------------------------- attach
     def attach(self, opt: torch.optim.Optimizer, name: str | None = None,
-               instance_hooks: bool = True) -> OptState:
-        """Start tracking ``opt``; returns its state (existing one if already tracked)."""
-        st = self.by_opt.get(opt)
-        if st is not None:
-            return st
+               instance_hooks: bool = True) -> Ledger:
+        """Start tracking ``opt``; returns its ledger (the existing one if already tracked)."""
+        led = self.ledgers.get(opt)
+        if led is not None:
+            return led
         params: list[torch.Tensor] = []
         groups: list[int] = []
         for gi, group in enumerate(opt.param_groups):
@@ -95,65 +101,56 @@ class Tracker:
                 params.append(p)
                 groups.append(gi)
         if name is None:
-            name = f"{type(opt).__name__}#{len(self.by_opt)}"
+            name = f"{type(opt).__name__}#{len(self.ledgers)}"
         while name in self._names_taken:
             name += "'"
         self._names_taken.add(name)
-        st = OptState(opt, len(self.by_opt), name, params, groups)
-        self.by_opt[opt] = st
-        self.marks.append(st.incoming.append)
-        self._track(st, range(len(params)))
-        st.instance_hooks = instance_hooks
+        led = Ledger(opt, name, params, groups, self.backwards, self.norms_every)
+        self.ledgers[opt] = led
+        self.marks.append(led.incoming.append)
+        self._track(led, range(len(params)))
         if instance_hooks:  # torch.compile must not trace into it
+            self.own_hooks.add(led)
             self.handles.append(opt.register_step_pre_hook(no_compile(self.pre)))
-        self._announce(st)
-        return st
+        self._announce(led)
+        return led
 
-    def _track(self, st: OptState, ks: range) -> None:
-        """Hook parameters ``ks`` of ``st``; gradient content they already hold is fresh for
-        the next step, but never judged as discarded or late (we did not see its origin)."""
+    def _track(self, led: Ledger, ks: range) -> None:
         for k in ks:
-            p = st.params[k]
-            self.by_param.setdefault(p, []).append((st, k))
-            self._hook(st, k)
-            if p.grad is not None:
-                self.bw += 1
-                st.new[k].append(self.bw)
-                st.dirty = True
-                self.observed.add(self.bw)
+            self.by_param.setdefault(led.params[k], []).append((led, k))
+            self._hook(led, k)
+        led.found(ks)
 
-    def _announce(self, st: OptState) -> None:
+    def _announce(self, led: Ledger) -> None:
         """Emit the optimizer's parameters (names, shapes, groups) as they are now."""
-        names = self.namer(st.params) if self.namer else positional(st.groups)
-        self.emit(OptimizerInfo(seq=0, t=time.time(), opt=st.name, cls=type(st.opt).__name__,
-                                params=names, shapes=[list(p.shape) for p in st.params],
-                                groups=list(st.groups)))
+        names = (self.namer or positional)(led.params, led.groups)
+        self.emit(OptimizerInfo(seq=0, t=time.time(), opt=led.name, cls=type(led.opt).__name__,
+                                params=names, shapes=[list(p.shape) for p in led.params],
+                                groups=list(led.groups)))
 
-    def opt_add_param_group(self, opt: Any) -> None:
+    def opt_add_param_group(self, opt: torch.optim.Optimizer) -> None:
         """After ``Optimizer.add_param_group`` (progressive unfreezing): track the new
         parameters from now on, after the existing ones, and announce the longer list."""
-        st = self.by_opt.get(opt)
-        if st is None or self.mode < 0:
+        led = self.ledgers.get(opt)
+        if led is None or not self.on:
             return
         try:
-            known = set(st.params)
+            known = set(led.params)
             added = [(gi, p) for gi, group in enumerate(opt.param_groups)
                      for p in group["params"] if p not in known]
             if not added:
                 return
-            n0 = len(st.params)
-            st.add([p for _, p in added], [gi for gi, _ in added])
-            self._track(st, range(n0, len(st.params)))
-            self._announce(st)
+            self._track(led, led.add([p for _, p in added], [gi for gi, _ in added]))
+            self._announce(led)
         except Exception as e:  # noqa: BLE001
             self.fail(e)
 
-    def _hook(self, st: OptState, k: int) -> None:
-        p = st.params[k]
+    def _hook(self, led: Ledger, k: int) -> None:
+        p = led.params[k]
         if not p.requires_grad or p.grad_fn is not None:
-            st.unhooked.append(k)
+            self.unhooked.setdefault(led, []).append(k)
             return
-        handle = p.register_post_accumulate_grad_hook(st.incoming.append)
+        handle = p.register_post_accumulate_grad_hook(led.incoming.append)
         self.handles.append(handle)
         hooks = p._post_accumulate_grad_hooks
         if isinstance(hooks, dict) and len(hooks) > 1:
@@ -166,104 +163,97 @@ class Tracker:
             hooks[handle.id] = mine
             hooks.update(others)
 
-    def begin(self) -> list[tuple[OptState, ArmedBackward]] | None:
+    # ---------------------------------------------------------------- backward
+    def begin(self) -> list[tuple[Ledger, ArmedBackward]] | None:
         """A backward pass starts (the engine has not run yet): number it and mark it.
 
-        Armed optimizers (their consumed gradients not cleared by zero_grad) also get their
+        Armed ledgers (their consumed gradients not cleared by zero_grad) also get their
         ``.grad`` state taken, returned for :meth:`end`; None when none is armed.
         """
-        if self.mode < 0:
+        if not self.on:
             return None
         try:
-            bw = self.bw = self.bw + 1
-            if self.stepped_since_bw:
-                self.phase += 1
-                self.stepped_since_bw = False
+            bw = self.backwards.begin()
             if not bw % _CHECK_EVERY:
-                for st in self.by_opt.values():
-                    if len(st.incoming) > _MAX_HITS:
-                        st.sync()
+                for led in self.ledgers.values():
+                    led.fold_if_over(_MAX_HITS)
             marker = -bw
             for mark in self.marks:
                 mark(marker)
-            if not self.armed:
+            armed = self.backwards.armed
+            if not armed:
                 return None
-            armed = []
-            for st in self.armed:
-                st.ensure_observed()
-                st.pre_check = PreCheck.take(st, self.bw)
-                seen = st.armed_bws[self.bw] = ArmedBackward(st.params)
-                armed.append((st, seen))
-            return armed
+            return [(led, led.watch_backward(bw)) for led in armed]
         except Exception as e:  # noqa: BLE001 - never raise into the training loop
             self.fail(e)
             return None
 
-    def end(self, armed: list[tuple[OptState, ArmedBackward]]) -> None:
-        """The engine returned (or raised): take the armed optimizers' gradients."""
-        if self.mode < 0:
+    def end(self, armed: list[tuple[Ledger, ArmedBackward]]) -> None:
+        """The engine returned (or raised): take the armed ledgers' gradients."""
+        if not self.on:
             return
         try:
-            for st, seen in armed:
-                seen.done(st.params)
+            for led, seen in armed:
+                seen.done(led.params)
         except Exception as e:  # noqa: BLE001
             self.fail(e)
 
     # ---------------------------------------------------------------- step hooks
-    def pre(self, opt: Any, args: Any, kwargs: Any) -> Any:
-        """Optimizer step pre-hook: consume the gradients (or wrap the closure)."""
-        if self.mode < 0:
+    def pre(self, opt: torch.optim.Optimizer, args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> StepArgs | None:
+        """Optimizer step pre-hook: count the step (or wrap its closure)."""
+        if not self.on:
             return None
         try:
-            st = self.by_opt.get(opt)
-            if st is None:
+            led = self.ledgers.get(opt)
+            if led is None:
                 if not self.auto:
                     return None
-                st = self.attach(opt, instance_hooks=False)
-            if st.unhooked:
-                pending, st.unhooked = st.unhooked, []
-                for k in pending:
-                    self._hook(st, k)
+                led = self.attach(opt, instance_hooks=False)
+            if self.unhooked and (late := self.unhooked.pop(led, None)):
+                for k in late:
+                    self._hook(led, k)
             # torch passes the step's own args, ``self`` first: (self, closure?)
             closure = args[1] if len(args) > 1 else kwargs.get("closure")
             if callable(closure):
-                st.in_step = True
-                if st.instance_hooks and not st.post_hooked:
+                led.open_closure_step()
+                if led in self.own_hooks and led not in self.post_hooked:
                     # registered now, it still runs after this very step
-                    st.post_hooked = True
-                    self.handles.append(st.opt.register_step_post_hook(
-                        no_compile(self.post)))
-                wrapped = self._wrap_closure(st, closure)
+                    self.post_hooked.add(led)
+                    self.handles.append(opt.register_step_post_hook(no_compile(self.post)))
+                wrapped = self._wrap_closure(led, closure)
                 if len(args) > 1:
                     return (args[0], wrapped, *args[2:]), kwargs
                 return args, {**kwargs, "closure": wrapped}
             # Without a closure the step reads its gradients now and nothing after:
             # the record is complete at step entry (no post-hook call per step).
-            self.emit(judge.plain_step(self, st))
-            self.steps += 1
+            self._emit_step(led.plain_step())
         except Exception as e:  # noqa: BLE001
             self.fail(e)
         return None
 
-    def post(self, opt: Any, args: Any, kwargs: Any) -> None:
-        """Optimizer step post-hook (closure steps): emit the step record."""
-        if self.mode < 0:
+    def post(self, opt: torch.optim.Optimizer, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> None:
+        """Optimizer step post-hook (closure steps): hand the step's facts over."""
+        if not self.on:
             return
         try:
-            st = self.by_opt.get(opt)
-            if st is None or not st.in_step:
-                return
-            self.emit(judge.finalize(self, st, skipped=False))
-            self.steps += 1
+            led = self.ledgers.get(opt)
+            if led is not None and (facts := led.close_closure_step()) is not None:
+                self._emit_step(facts)
         except Exception as e:  # noqa: BLE001
             self.fail(e)
 
-    def _wrap_closure(self, st: OptState, closure: Callable[..., Any]) -> Callable[..., Any]:
+    def _emit_step(self, facts: StepFacts) -> None:
+        self.emit(facts)
+        self.steps += 1
+
+    def _wrap_closure(self, led: Ledger, closure: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(*a: Any, **kw: Any) -> Any:
             out = closure(*a, **kw)
-            if self.mode >= 0:
+            if self.on:
                 try:
-                    judge.consume(self, st, closure=True)
+                    led.consume(closure=True)
                 except Exception as e:  # noqa: BLE001
                     self.fail(e)
             return out
@@ -271,69 +261,55 @@ class Tracker:
         return wrapped
 
     # ---------------------------------------------------------------- reset signals
-    def opt_zero_grad(self, opt: Any) -> None:
+    def opt_zero_grad(self, opt: torch.optim.Optimizer) -> None:
         """After ``Optimizer.zero_grad``: every parameter of ``opt`` was reset."""
-        st = self.by_opt.get(opt)
-        if st is None or self.mode < 0:
+        led = self.ledgers.get(opt)
+        if led is None or not self.on:
             return
         try:
-            st.reset_all("optimizer_zero_grad")
-            st.drop_observed()
-            st.armed = False
-            self.armed.discard(st)
+            led.after_zero_grad()
         except Exception as e:  # noqa: BLE001
             self.fail(e)
 
     def module_zero_grad(self, module: torch.nn.Module) -> None:
         """After ``Module.zero_grad``: the module's parameters were reset."""
-        if self.mode < 0 or not self.by_param:
+        if not self.on or not self.by_param:
             return
         try:
-            covered: dict[OptState, list[int]] = {}
+            covered: dict[Ledger, list[int]] = {}
             for p in module.parameters():
-                for st, k in self.by_param.get(p, ()):
-                    covered.setdefault(st, []).append(k)
-            for st, ks in covered.items():
-                st.sync()
-                st.sync_old()
-                for k in ks:
-                    if st.old[k] or st.new[k]:
-                        st.reset(k, "module_zero_grad")
-                st.pending.append(("module_zero_grad", [], [], ()))
-                if len(ks) >= len(st.params):
-                    st.drop_observed()
-                    st.armed = False
-                    self.armed.discard(st)
+                for led, k in self.by_param.get(p, ()):
+                    covered.setdefault(led, []).append(k)
+            for led, ks in covered.items():
+                led.after_module_zero_grad(ks)
         except Exception as e:  # noqa: BLE001
             self.fail(e)
 
-    def scaler_before(self, opt: Any) -> tuple[OptState, int] | None:
-        st = self.by_opt.get(opt)
-        if st is None and self.auto and self.mode >= 0 and isinstance(
-                opt, torch.optim.Optimizer):
-            st = self.attach(opt, instance_hooks=False)
-        return None if st is None else (st, st.step)
+    def scaler_before(self, opt: Any) -> tuple[Ledger, int] | None:
+        """Before ``GradScaler.step``: a token for :meth:`scaler_after` (None: not ours)."""
+        led = self.ledgers.get(opt)
+        if led is None and self.auto and self.on and isinstance(opt, torch.optim.Optimizer):
+            led = self.attach(opt, instance_hooks=False)
+        return None if led is None else (led, led.step)
 
-    def scaler_after(self, token: tuple[OptState, int] | None) -> None:
+    def scaler_after(self, token: tuple[Ledger, int] | None) -> None:
         """After ``GradScaler.step``: if the optimizer did not step, record a skipped step."""
-        if token is None or self.mode < 0:
+        if token is None or not self.on:
             return
-        st, before = token
-        if st.step != before:
+        led, before = token
+        if led.step != before:
             return
         try:
-            judge.observe_skip(self, st)
-            self.emit(judge.finalize(self, st, skipped=True))
-            self.steps += 1
+            self._emit_step(led.skipped_step())
         except Exception as e:  # noqa: BLE001
             self.fail(e)
 
     # ---------------------------------------------------------------- lifecycle
     def fail(self, exc: BaseException) -> None:
         """Log the internal error once, turn the probe off; training goes on."""
-        if self.mode < 0:
+        if not self.on:
             return
-        self.mode = -1
+        self.on = False
         self.disabled = f"{type(exc).__name__}: {exc}"[:1000]
         log.error("gradwatch: internal error, the probe turns itself off and training "
                   "goes on: %s", self.disabled, exc_info=exc)
@@ -348,17 +324,15 @@ class Tracker:
                 log.debug("on_disable failed", exc_info=True)
 
     def remove_hooks(self) -> None:
+        """Remove every hook; once off, drop what they appended since."""
         for h in self.handles:
             h.remove()
         self.handles.clear()
-        if self.mode < 0:  # what the hooks appended since the probe turned off
-            for st in self.by_opt.values():
-                st.incoming.clear()
+        if not self.on:
+            for led in self.ledgers.values():
+                led.release()
 
     def close(self) -> None:
+        """Remove every hook and turn off (the session ends)."""
+        self.on = False
         self.remove_hooks()
-        if self.mode >= 0:
-            self.mode = -1
-        for st in self.by_opt.values():
-            st.incoming.clear()
-            st.hits.clear()

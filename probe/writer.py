@@ -1,8 +1,12 @@
-"""One writer thread: a bounded buffer of records in, step log lines (and a streamer) out.
+"""One writer thread: a bounded buffer of step facts and records in, step log lines (and a
+streamer) out.
 
-The training thread only appends; when the buffer is full the record is dropped and counted
-(reported in ``Stats`` and ``End``). The writer thread numbers records (``seq``), copies
-sampled device norms to the host (GPU), writes records with
+Thread: the writer thread, except :meth:`RecordWriter.put`, :meth:`~RecordWriter.put_blocking`
+and :meth:`~RecordWriter.close`, the handover, called from the training thread.
+
+The training thread only appends; when the buffer is full the item is dropped and counted
+(reported in ``Stats`` and ``End``). The writer thread numbers records (``seq``), builds step
+records from step facts (:mod:`gradwatch.probe.records`), writes them with
 :class:`~gradwatch.steplog.StepLogWriter`, flushes each time it has drained the buffer (at
 least every second), tells the streamer after each flush, and feeds a
 :class:`~gradwatch.verdict.Verdict` so the verdict is ready at close.
@@ -15,12 +19,15 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from gradwatch.probe.judge import PendingStep, UsualStep
+from gradwatch.probe.records import Item, StepRecords
 from gradwatch.steplog import StepLogWriter
 from gradwatch.verdict import Verdict
 from gradwatch.wire import Finding, Header, Stats, dump_record
+
+if TYPE_CHECKING:
+    from gradwatch.stream import Streamer
 
 log = logging.getLogger("gradwatch.probe")
 
@@ -29,7 +36,7 @@ _STATS_EVERY = 10.0
 """Seconds between ``Stats`` records while records are being dropped."""
 _YIELD = 2e-5
 """Seconds the writer sleeps after each record, to hand the GIL back (see
-:class:`RecordWriter`); the kernel rounds it up to its timer slack (about 50 us)."""
+:class:`RecordWriter`); the kernel rounds it up to its timer slack."""
 _BEHIND = 256
 """Buffered records above which the writer stops yielding and catches up."""
 
@@ -37,31 +44,28 @@ _BEHIND = 256
 class RecordWriter:
     """Owns the buffer, the thread, the step log file and the streamer.
 
-    The training thread appends to a bounded deque (no lock, no wake-up: a wake-up per
-    record costs a thread switch per step); the writer thread polls it every
+    :meth:`put` never blocks the training thread; the writer thread polls the buffer every
     ``poll`` seconds, writes what it finds and flushes, so the log is never more than
     ``poll`` seconds behind (the contract asks for at most one second).
-
-    The writer's work is Python, under the GIL, and a thread keeps the GIL until it blocks
-    (or for the interpreter's switch interval, 5 ms). Drained in one go, a poll's records
-    held it for the whole drain, and the training thread, coming back from a kernel,
-    waited for the rest of it. So the writer sleeps a moment after each record: the
-    training thread gets the GIL back between records, and the writer works while it runs
-    kernels (``bench/probe_overhead.py`` prints the training thread's waits). It stops
-    yielding when it falls behind (:data:`_BEHIND` records) and while closing.
     """
 
+    # A bounded deque with no lock and no wake-up: a wake-up per record would cost a thread
+    # switch per step. The writer sleeps a moment after each record: a drain in one go held
+    # the GIL, and the training thread waited for all of it.
+
     def __init__(self, header: Header, path: Path | None, *, maxsize: int = 10_000,
-                 poll: float = 0.1, streamer: Any = None, warn_findings: bool = True) -> None:
+                 poll: float = 0.1, streamer: Streamer | None = None,
+                 warn_findings: bool = True) -> None:
         self.path = path
         self.maxsize = maxsize
-        self.buffer: deque[Any] = deque()
+        self.buffer: deque[Item] = deque()
         self.dropped = 0
         self.verdict = Verdict()
         self.streamer = streamer
         self.poll = poll
         self.warn_findings = warn_findings
         self._seq = 0
+        self._records = StepRecords()
         self._warned: set[tuple[str, str]] = set()
         self._failed = False
         self._stop = threading.Event()
@@ -78,14 +82,14 @@ class RecordWriter:
         header included."""
         return self._seq
 
-    def put(self, record: Any) -> None:
-        """Buffer a record; never blocks (a full buffer drops and counts)."""
+    def put(self, record: Item) -> None:
+        """Buffer step facts or a record; never blocks (a full buffer drops and counts)."""
         if len(self.buffer) >= self.maxsize:
             self.dropped += 1
         else:
             self.buffer.append(record)
 
-    def put_blocking(self, record: Any, timeout: float = 5.0) -> None:
+    def put_blocking(self, record: Item, timeout: float = 5.0) -> None:
         """Buffer a record, waiting up to ``timeout`` for room (close-time records)."""
         deadline = time.monotonic() + timeout
         while len(self.buffer) >= self.maxsize and time.monotonic() < deadline:
@@ -113,13 +117,9 @@ class RecordWriter:
             if stopping and not self.buffer:
                 break
 
-    def _emit(self, item: Any) -> None:
+    def _emit(self, item: Item) -> None:
         try:
-            if isinstance(item, (PendingStep, UsualStep)):
-                rec = item.to_record(self._seq)
-            else:
-                rec = item
-                rec.seq = self._seq
+            rec = self._records.numbered(item, self._seq)
             self._seq += 1
             line = dump_record(rec)
             if self._file is not None:

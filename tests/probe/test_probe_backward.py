@@ -117,21 +117,21 @@ def test_failure_inside_a_backward_removes_the_hooks_after_it(
         caplog: pytest.LogCaptureFixture) -> None:
     """An internal error in a step run by a hook: the probe turns off, its hooks go once
     the engine is done with them, and the training loop's own hooks keep stepping."""
-    from gradwatch.probe import judge
+    from gradwatch.probe.ledger import Ledger
 
-    def broken(tr: Any, st: Any) -> Any:
+    def broken(ledger: Ledger) -> Any:
         raise ValueError("injected in-backward failure")
 
     model = mlp()
     opts = _in_backward_optimizers(model, reset=True)
     w0 = model[0].weight.detach().clone()
-    monkeypatch.setattr(judge, "plain_step", broken)
+    monkeypatch.setattr(Ledger, "plain_step", broken)
     with caplog.at_level(logging.ERROR, logger="gradwatch.probe"), gradwatch.watch(
             opts, log=tmp_path / "f.jsonl") as h:
         loss_of(model, 0).backward()
         assert h.disabled and "injected in-backward failure" in h.disabled
         assert all(len(p._post_accumulate_grad_hooks) == 1 for p in model.parameters())
-        assert all(not st.incoming for st in h.tracker.by_opt.values())
+        assert all(not led.incoming for led in h.tracker.ledgers.values())
         loss_of(model, 1).backward()
     assert not torch.equal(w0, model[0].weight)  # the user's hooks stepped
     assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1

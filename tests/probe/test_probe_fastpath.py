@@ -1,8 +1,9 @@
-"""The one-pass usual steps (``judge.plain_step``) write exactly what the general way writes.
+"""The usual steps (``Ledger.plain_step``) write exactly what the general way writes.
 
 Each loop runs twice from the same seed: as the probe runs it, and with every step forced
-through ``consume`` + ``finalize``. The step records (norms included, bit for bit) and the
-findings must be equal, and the first run must really have taken the one-pass way.
+through ``Ledger.consume`` + ``Ledger.finalize``. The step records (norms included, bit for
+bit) and the findings must be equal, and the first run must really have taken the one-pass
+way.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ import pytest
 import torch
 
 import gradwatch
-from gradwatch.probe import judge as probe_judge
-from gradwatch.probe.state import Lookup, OptState
+from gradwatch.probe import records
+from gradwatch.probe.contributions import Contributions
+from gradwatch.probe.facts import TextbookStep
+from gradwatch.probe.ledger import Ledger
+from gradwatch.probe.records import Lookup
+from gradwatch.probe.writer import RecordWriter
 from gradwatch.steplog import read_log
 from gradwatch.verdict import verdict_of
 from gradwatch.wire import Reset, Step
@@ -113,13 +118,13 @@ def _run(tmp: Path, loop: Loop, norms_every: int, name: str) -> tuple[list[Any],
 def _count_general(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Count the steps that take the general way (``consume``) from now on."""
     general = {"n": 0}
-    real_consume = probe_judge.consume
+    real_consume = Ledger.consume
 
     def counted(*a: Any, **k: Any) -> None:
         general["n"] += 1
         real_consume(*a, **k)
 
-    monkeypatch.setattr(probe_judge, "consume", counted)
+    monkeypatch.setattr(Ledger, "consume", counted)
     return general
 
 
@@ -131,11 +136,11 @@ def test_one_pass_step_writes_what_the_general_way_writes(
     fast_steps, fast_findings = _run(tmp_path, loop, norms_every, "fast")
     took_general = general["n"]
 
-    def always_general(tr: Any, st: Any) -> Any:
-        probe_judge.consume(tr, st)
-        return probe_judge.finalize(tr, st, skipped=False)
+    def always_general(ledger: Ledger) -> Any:
+        ledger.consume()
+        return ledger.finalize(skipped=False)
 
-    monkeypatch.setattr(probe_judge, "plain_step", always_general)
+    monkeypatch.setattr(Ledger, "plain_step", always_general)
     slow_steps, slow_findings = _run(tmp_path, loop, norms_every, "general")
 
     assert fast_steps == slow_steps
@@ -147,13 +152,13 @@ def test_one_pass_step_writes_what_the_general_way_writes(
 def test_probe_records_name_every_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The writer builds records unvalidated (``wire.trusted``): each must carry every field."""
     made: list[Step] = []
-    real = probe_judge._record
+    real = records.step_record
 
     def keep(*args: Any) -> Step:
         made.append(real(*args))
         return made[-1]
 
-    monkeypatch.setattr(probe_judge, "_record", keep)
+    monkeypatch.setattr(records, "step_record", keep)
     for loop in LOOPS:
         _run(tmp_path, loop, 1, loop.__name__)
     assert made
@@ -166,26 +171,27 @@ def test_probe_records_name_every_field(tmp_path: Path, monkeypatch: pytest.Monk
 def test_textbook_loop_takes_the_one_pass_way_every_step_after_the_first(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     general = _count_general(monkeypatch)
-    one_pass = {"n": 0}
-    real_usual = probe_judge._usual_step
+    handed: list[Any] = []
+    real_put = RecordWriter.put
 
-    def counted(*a: Any) -> Any:
-        one_pass["n"] += 1
-        return real_usual(*a)
+    def put(writer: RecordWriter, item: Any) -> None:
+        handed.append(item)
+        real_put(writer, item)
 
-    monkeypatch.setattr(probe_judge, "_usual_step", counted)
+    monkeypatch.setattr(RecordWriter, "put", put)
     pulls = {"n": 0}
-    real_pull = OptState.pull
+    real_pull = Contributions.pull
 
-    def pull(st: OptState) -> None:
+    def pull(contents: Contributions) -> None:
         pulls["n"] += 1
-        real_pull(st)
+        real_pull(contents)
 
-    monkeypatch.setattr(OptState, "pull", pull)
+    monkeypatch.setattr(Contributions, "pull", pull)
     steps, findings = _run(tmp_path, _textbook, 1, "textbook")
     assert len(steps) == 6 and not findings
     assert general["n"] == 0
-    assert one_pass["n"] == 6  # one backward per step: the one-pass step every time
+    # one backward per step: the one-pass step every time, its facts handed over as such
+    assert sum(isinstance(x, TextbookStep) for x in handed) == 6
     assert pulls["n"] == 0  # it takes the hooks' list whole: no parameter lookups
     assert all(r["resets"][0]["params"] == [0, 1, 2, 3] for r in steps[1:])  # every param
 
@@ -197,11 +203,11 @@ def test_one_optimizer_keeps_no_first_consumers(tmp_path: Path) -> None:
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     with gradwatch.watch(opt, log=tmp_path / "one.jsonl") as h:
         _textbook(m, opt)
-        assert h.tracker.first == {}
+        assert h.tracker.backwards.first_consumers == 0
         other = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
         h.tracker.attach(other)
         _textbook(m, opt)
-        assert len(h.tracker.first) == 6
+        assert h.tracker.backwards.first_consumers == 6
 
 
 def test_lookup_checks_its_memo_by_identity() -> None:

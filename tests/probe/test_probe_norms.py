@@ -146,10 +146,10 @@ def test_cpu_plan_never_reads_gradients_that_left_the_cpu(shapes: list[tuple[int
     """On CPU the sample is read to the host at once; once the gradients live elsewhere
     (here the meta device stands in for a GPU) the plan steps aside and nothing is read,
     so no step would wait on a device."""
-    from gradwatch.probe import norms
+    from gradwatch.probe import cpuplan, norms
 
     cpu = [torch.randn(s) for s in shapes]
-    plan = norms.CpuPlan.make(cpu)
+    plan = cpuplan.CpuPlan.make(cpu)
     assert plan is not None
     first = norms.sample(list(cpu), None, [], [], None, missing=False, plan=plan)
     assert isinstance(first.norms, list)  # host floats
@@ -164,9 +164,9 @@ def test_cpu_plan_chunks_groups_through_its_buffers(monkeypatch: pytest.MonkeyPa
     """Groups larger than one chunk, a partial last chunk, two dtypes, tensors left out of
     the groups: every norm is the tensor's own, step after step (the buffers are reused),
     and a plan that no longer fits the gradients steps aside instead of answering wrong."""
-    from gradwatch.probe import norms
+    from gradwatch.probe import cpuplan, norms
 
-    monkeypatch.setattr(norms.CpuPlan, "_CHUNK", 3 * 4 * 16)  # three 4x4 float32 tensors
+    monkeypatch.setattr(cpuplan.CpuPlan, "_CHUNK", 3 * 4 * 16)  # three 4x4 float32 tensors
 
     def grads(seed: int) -> list[torch.Tensor]:
         g = torch.Generator().manual_seed(seed)
@@ -176,7 +176,7 @@ def test_cpu_plan_chunks_groups_through_its_buffers(monkeypatch: pytest.MonkeyPa
                 + [torch.randn(9, generator=g)])  # alone in its shape
 
     first = grads(0)
-    plan = norms.CpuPlan.make(first)
+    plan = cpuplan.CpuPlan.make(first)
     assert plan is not None and len(plan.groups) == 2
     assert [len(buf) for buf, _ in plan.buffers] == [3, 4]  # float64 2x3: four a chunk
     for seed in range(3):
@@ -199,13 +199,13 @@ def test_cpu_plan_slots_read_the_floor_kernels_values_to_the_edges_of_float32() 
     and float64; a gradient of another dtype, or one that requires grad, or another number
     of them, retires the plan (no wrong value); mixed or half precision gradients keep
     ``_foreach_norm``."""
-    from gradwatch.probe import norms
+    from gradwatch.probe import cpuplan, norms
 
     g = torch.Generator().manual_seed(0)
     normal = torch.randn(300, 300, generator=g)
     grads = [normal, normal * 1e18, normal * 1e-25, normal * 1e-21, torch.zeros(7),
              torch.tensor([1.0, math.nan]), torch.tensor([1.0, math.inf]), normal.t()]
-    plan = norms.CpuPlan.make(grads)
+    plan = cpuplan.CpuPlan.make(grads)
     assert plan is not None and len(plan.slots) == len(grads) and not plan.groups
     got = plan.read(grads)
     assert isinstance(got, list)  # host floats
@@ -223,7 +223,7 @@ def test_cpu_plan_slots_read_the_floor_kernels_values_to_the_edges_of_float32() 
     assert plan.host is not None and plan.host.tolist() == [0.0] * len(grads)
 
     wide = [torch.randn(5, dtype=torch.float64, generator=g) * 1e100, normal.double()]
-    wide_plan = norms.CpuPlan.make(wide)
+    wide_plan = cpuplan.CpuPlan.make(wide)
     assert wide_plan is not None and wide_plan.out is not None
     assert wide_plan.out.dtype == torch.float64
     assert wide_plan.read(wide) == [float(n) for n in torch._foreach_norm(wide)]
@@ -232,19 +232,19 @@ def test_cpu_plan_slots_read_the_floor_kernels_values_to_the_edges_of_float32() 
     moved = [normal.to("meta"), normal.to("meta")]  # off the CPU, as to a GPU: no kernel
     for changed in (halves, wide, moved, [normal], [normal] * 3):  # went half, double, or
         # moved, or another number of them: it steps aside
-        pair = norms.CpuPlan.make([normal, normal])
+        pair = cpuplan.CpuPlan.make([normal, normal])
         assert pair is not None and pair.out is not None
         assert pair.read(changed) is None and pair.failed
     sampled = norms.sample(list(halves), None, [], [], None, missing=False)
     assert sampled.norms == pytest.approx([float(torch.linalg.vector_norm(h)) for h in halves])
     for other in (halves, [normal, normal.double()]):
-        other_plan = norms.CpuPlan.make(other)
+        other_plan = cpuplan.CpuPlan.make(other)
         assert other_plan is not None and other_plan.out is None
         read = other_plan.read(other)
         assert read == pytest.approx([float(torch.linalg.vector_norm(x)) for x in other])
-    assert math.isfinite(norms.CpuPlan.make(halves).read(halves)[0])  # type: ignore[union-attr,index]
+    assert math.isfinite(cpuplan.CpuPlan.make(halves).read(halves)[0])  # type: ignore[union-attr,index]
 
     graphed = [normal.clone().requires_grad_()]  # a create_graph gradient
-    graphed_plan = norms.CpuPlan.make(graphed)
+    graphed_plan = cpuplan.CpuPlan.make(graphed)
     assert graphed_plan is not None and graphed_plan.read(graphed) is None
     assert graphed_plan.failed

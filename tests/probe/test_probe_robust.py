@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gradwatch
-from gradwatch.probe import judge as probe_judge
+from gradwatch.probe.ledger import Ledger
 from gradwatch.steplog import read_log
 from gradwatch.wire import Stats, Step
 from tests.probe.probe_helpers import loss_of, mlp
@@ -75,7 +75,7 @@ def test_internal_error_turns_probe_off_training_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     m, opt = _opt()
     calls = {"n": 0}
-    real = probe_judge.plain_step
+    real = Ledger.plain_step
 
     def broken(*a: Any, **k: Any) -> Any:
         calls["n"] += 1
@@ -83,7 +83,7 @@ def test_internal_error_turns_probe_off_training_goes_on(
             raise RuntimeError("injected probe bug")
         return real(*a, **k)
 
-    monkeypatch.setattr(probe_judge, "plain_step", broken)
+    monkeypatch.setattr(Ledger, "plain_step", broken)
     before = _hook_state(m, opt)
     path = tmp_path / "err.jsonl"
     caplog.set_level(logging.ERROR, logger="gradwatch.probe")
@@ -246,7 +246,7 @@ def test_backwards_without_a_step_are_folded_not_kept_raw(
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     path = tmp_path / "fold.jsonl"
     with gradwatch.watch(opt, log=path) as h:
-        st = h.tracker.by_opt[opt]
+        st = h.tracker.ledgers[opt]
         longest = 0
         for i in range(40):  # 5 entries a backward: a marker and 4 parameters
             loss_of(m, i).backward()

@@ -1,14 +1,18 @@
-"""Cheaper stand-ins for public torch calls on the per-step path, each with a fallback.
+"""Keeping the probe's hooks out of ``torch.compile``: cheaper stand-ins for
+``torch.compiler.disable``, each falling back to the public call.
 
-The step pre-hook runs once per optimizer step, and the backward wrapper once per
-backward; both must stay out of ``torch.compile``'s tracing. ``torch.compiler.disable``
-does that with a generic wrapper (a stance lookup, an export check and four
-frame-evaluation switches per call); :func:`no_compile` does the same three things with
-the same torch internals, and nothing else: turn frame evaluation off around the call,
-keep its own frame out of Dynamo, and carry the markers Dynamo's tracer reads to
-graph-break instead of inlining the hook. The backward wrapper only takes the last two
+Thread: training (called where hooks and wrappers are installed; the wrappers they make run
+in the training thread).
+
+The step pre-hook runs once per optimizer step and the backward wrapper once per backward;
+both must stay out of Dynamo's tracing. :func:`no_compile` turns frame evaluation off around
+the call, keeps its own frame out of Dynamo, and carries the markers Dynamo's tracer reads
+to graph-break instead of inlining the hook. The backward wrapper only takes the last two
 (:func:`skip_tracing`): the user's own code that the backward runs may be compiled.
 """
+
+# ``torch.compiler.disable`` does the same with a generic wrapper (a stance lookup, an
+# export check and four frame-evaluation switches per call): too much for every step.
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Where a run writes and who it is: run id, rank, world size, step log and spool paths."""
+"""Who a run is and where it writes: run id, rank, world size, step log and spool paths.
+
+Thread: training (read once, when a watch session starts).
+"""
 
 from __future__ import annotations
 

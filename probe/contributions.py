@@ -1,0 +1,319 @@
+"""What each parameter's ``.grad`` holds, in contributions, for one optimizer; and the resets
+that removed some.
+
+Thread: training (through the optimizer's ledger).
+
+A *contribution* is one backward pass added into one ``.grad``. Per parameter this keeps how
+many contributions in ``.grad`` the optimizer already consumed (``old``) and the backward ids
+of those it has not (``new``). The hooks only append to ``incoming`` (see
+:mod:`gradwatch.probe.facts`); that is turned into indices and folded into ``old`` and ``new``
+only when a path needs them per parameter, so the usual step never touches them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from gradwatch.probe.backwards import Backwards
+from gradwatch.probe.facts import Hits, ResetFact, StepTally, param_indices
+from gradwatch.probe.handresets import ArmedBackward, HandResets
+from gradwatch.probe.norms import Grads, values
+
+
+class Contributions:
+    """One optimizer's contributions, consumed and not, per parameter. Owned by its ledger."""
+
+    __slots__ = ("params", "index", "backwards", "hand", "incoming", "hits", "cur_bw",
+                 "lazy_old", "dirty", "old", "new", "pending")
+
+    def __init__(self, params: list[torch.Tensor], backwards: Backwards) -> None:
+        self.params = params
+        self.index = {id(p): k for k, p in enumerate(params)}
+        """``id(param) -> k``: the parameters are held by :attr:`params`, so ids stay theirs."""
+        self.backwards = backwards
+        self.hand = HandResets(params)
+        n = len(params)
+        self.incoming: Hits = []
+        """What the hooks append (each parameter's hook is this list's ``append``, the
+        backward wrapper appends ``-bw``). Never replaced: the hooks hold it."""
+        self.hits: list[int] = []
+        """:attr:`incoming` as indices (:meth:`pull`), not yet folded."""
+        self.cur_bw = 0
+        """The backward the last hit taken belongs to."""
+        self.lazy_old: list[Hits] = []
+        """Hit lists consumed in bulk, not yet added into :attr:`old`."""
+        self.dirty = False
+        """:attr:`old`/:attr:`new` may hold content (else they are all zero/empty)."""
+        self.old: list[int] = [0] * n
+        self.new: list[list[int]] = [[] for _ in range(n)]
+        self.pending: list[ResetFact] = []
+        """Resets since the last step."""
+
+    def add(self, params: list[torch.Tensor]) -> range:
+        """Parameters added to the optimizer, indexed after the others: their indices."""
+        n0, n = len(self.params), len(params)
+        self.index.update((id(p), n0 + j) for j, p in enumerate(params))
+        self.params.extend(params)
+        self.old.extend([0] * n)
+        self.new.extend([] for _ in range(n))
+        self.hand.extend([p.grad for p in params])
+        return range(n0, n0 + n)
+
+    def found(self, ks: Iterable[int]) -> None:
+        """Parameters ``ks`` were just hooked: content their gradients already hold is fresh
+        for the next step, never judged as discarded or late (its origin was not seen)."""
+        for k in ks:
+            if self.params[k].grad is not None:
+                self.new[k].append(self.backwards.found())
+                self.dirty = True
+
+    # ---------------------------------------------------------------- hits
+    def pull(self) -> None:
+        """Append :attr:`incoming` to :attr:`hits` as indices (in bulk)."""
+        incoming = self.incoming
+        if not incoming:
+            return
+        index = self.index
+        head = incoming[0]
+        try:  # the usual list, parameters after its first entry, mapped without a loop
+            tail = list(map(index.__getitem__, map(id, incoming[1:])))
+        except KeyError:  # a marker among them (an int's id is never a live parameter's)
+            self.hits += [h if type(h) is int else index[id(h)] for h in incoming]
+        else:
+            self.hits.append(head if type(head) is int else index[id(head)])
+            self.hits += tail
+        incoming.clear()  # in place: the hooks hold its append
+
+    def fold(self) -> None:
+        """Fold the hits into the per-parameter :attr:`new` lists; contributions of an armed
+        backward are judged as they land."""
+        self.pull()
+        if not self.hits:
+            return
+        hits, self.hits = self.hits, []
+        self.fold_consumed()
+        bw = self.cur_bw
+        new = self.new
+        armed = self.hand.backwards
+        seen = armed.get(bw) if armed else None
+        for h in hits:
+            if h < 0:
+                bw = -h
+                seen = armed.get(bw) if armed else None
+            elif seen is None:
+                new[h].append(bw)
+                self.dirty = True
+            else:
+                self._landed(h, bw, seen)
+        self.cur_bw = bw
+        if armed:
+            self.hand.retire_done()
+
+    def fold_consumed(self) -> None:
+        """Add the bulk-consumed hits into the per-parameter :attr:`old` counts."""
+        if not self.lazy_old:
+            return
+        old, index = self.old, self.index
+        for hits in self.lazy_old:
+            for h in param_indices(hits, index):
+                if h >= 0:
+                    old[h] += 1
+                    self.dirty = True
+        self.lazy_old = []
+
+    def _landed(self, k: int, bw: int, seen: ArmedBackward) -> None:
+        self.dirty = True
+        how = self.hand.landed(k, bw, seen, self.old[k], bool(self.new[k]))
+        if how is not None:
+            self.reset(k, how)
+        self.new[k].append(bw)
+
+    def release(self) -> None:
+        """The probe stopped: drop the hits waiting (the hooks may have appended more)."""
+        self.incoming.clear()
+        self.hits.clear()
+
+    # ---------------------------------------------------------------- resets
+    def reset(self, k: int, how: str) -> None:
+        """Parameter ``k``'s gradient content was removed by ``how``."""
+        self.fold()
+        self.fold_consumed()
+        removed = self.new[k]
+        if removed:
+            self.new[k] = []  # hand the list itself over; never share it
+        self.old[k] = 0
+        self.pending.append(ResetFact(how, [k], [(k, removed)] if removed else [], ()))
+
+    def reset_all(self, how: str) -> None:
+        """Every parameter was reset: in bulk where possible (the usual reset hands the
+        consumed hit lists over as they are). Nothing to compare with any more."""
+        if self.incoming or self.hits:
+            self.fold()
+        lazy, self.lazy_old = self.lazy_old, []
+        self.hand.forget()
+        if not self.dirty:
+            self.pending.append(ResetFact(how, (), (), lazy))
+            return
+        old, new = self.old, self.new
+        ks = [k for k, (o, nw) in enumerate(zip(old, new, strict=True)) if o or nw]
+        removed = [(k, new[k]) for k in ks if new[k]]
+        for k, _ in removed:
+            new[k] = []
+        self.old = [0] * len(old)
+        self.dirty = False
+        self.pending.append(ResetFact(how, ks, removed, lazy))
+
+    def reset_some(self, ks: Sequence[int], how: str) -> bool:
+        """Parameters ``ks`` were reset (a reset of this kind is recorded even where they
+        held nothing). Returns whether that was every parameter."""
+        self.fold()
+        self.fold_consumed()
+        for k in ks:
+            if self.old[k] or self.new[k]:
+                self.reset(k, how)
+        self.pending.append(ResetFact(how, [], [], ()))
+        if len(ks) < len(self.params):
+            return False
+        self.hand.forget()
+        return True
+
+    def take_resets(self) -> list[ResetFact]:
+        """The resets since the last step, handed over; the next step starts a new list."""
+        pending, self.pending = self.pending, []
+        return pending
+
+    # ---------------------------------------------------------------- consumption
+    def settled(self) -> bool:
+        """No gradient holds consumed content, no armed backward waits: bulk counting may
+        apply."""
+        return not (self.dirty or self.lazy_old or self.hand.backwards)
+
+    def take_textbook(self, uid: int) -> Hits | None:
+        """The textbook step's take: the hooks' list as it is, when it holds the last
+        backward's marker, then its contributions, and nothing leaked. Else None, changing
+        nothing."""
+        raw = self.incoming
+        if (len(raw) > 1 and type(h0 := raw[0]) is int and h0 == -self.backwards.last
+                and not self.hits and self.backwards.claim(uid, (-h0,))):
+            hits = raw.copy()
+            raw.clear()  # in place: the hooks hold its append
+            self.cur_bw = -h0
+            self.lazy_old.append(hits)
+            return hits
+        return None
+
+    def take_bulk(self, uid: int, tally: StepTally) -> bool:
+        """No gradient holds consumed content: count the hits (pulled) in bulk into
+        ``tally``, after any number of backwards, and keep them for the next reset. False,
+        changing nothing, when a contribution leaked (counted per parameter)."""
+        hits = self.hits
+        n = len(hits)
+        if n and (h0 := hits[0]) < 0 and min(hits) == h0:
+            # One backward since the last consumption (markers only decrease): no scan.
+            marks = [0]
+            bws = [-h0] if n > 1 else []
+        else:
+            marks = [j for j, h in enumerate(hits) if h < 0]
+            bws = [-hits[j] for j in marks if j + 1 < n and hits[j + 1] >= 0]
+            if n and hits[0] >= 0:
+                bws.append(self.cur_bw)
+        if not self.backwards.claim(uid, bws):
+            return False
+        if marks:
+            self.cur_bw = -hits[marks[-1]]
+        self.hits = []
+        self.lazy_old.append(hits)
+        total = n - len(marks)
+        tally.fresh += total
+        tally.consumed += total
+        tally.bws.update(bws)
+        tally.fresh_hits.append(hits)
+        return True
+
+    def bulk_countable(self, grads: Grads, missing: bool) -> bool:
+        """After :meth:`pull`: whether the step may count in bulk (settled, and no gradient
+        gone since a contribution it had)."""
+        if not self.settled():
+            return False
+        return not missing or {k for k, g in enumerate(grads) if g is None}.isdisjoint(
+            self.hits)
+
+    def take_each(self, grads: Grads, uid: int, tally: StepTally
+                  ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Count the step's reading of ``grads`` parameter by parameter into ``tally``,
+        judging what reset each gradient since (some holds consumed content, or lost its
+        fresh one). Returns the parameters with nothing fresh, and ``(k, n fresh)`` of
+        those holding stale and fresh content."""
+        self.fold()
+        self.fold_consumed()
+        self.dirty = True
+        self.hand.observe()
+        old, new = self.old, self.new
+        leaked_of = self.backwards.leaked
+        suspicious: list[int] = []
+        zero: list[int] = []
+        mixed: list[tuple[int, int]] = []
+        for k, g in enumerate(grads):
+            nw = new[k]
+            o = old[k]
+            if g is None:
+                if nw or o:
+                    self.reset(k, "set_none")  # p.grad = None outside zero_grad
+                continue
+            if not nw:
+                if o:
+                    cur = self.hand.current(k)
+                    if cur is g:
+                        suspicious.append(k)  # still the consumed gradient, or zeroed?
+                    else:
+                        self.reset(k, "set_none" if cur is None else "replaced")
+                        zero.append(k)
+                else:
+                    zero.append(k)
+                continue
+            if o:
+                tally.stale += o
+                tally.stale_params.add(k)
+                mixed.append((k, len(nw)))
+            leaked = leaked_of(uid, nw)
+            if leaked:
+                tally.leaked += leaked
+                tally.leaked_params.add(k)
+            tally.fresh += len(nw) - leaked
+            tally.bws.update(nw)
+            tally.fresh_params.add(k)
+            tally.consumed += o + len(nw)
+            old[k] = o + len(nw)
+            new[k] = []
+        if suspicious:
+            vals = values([g for k in suspicious if (g := grads[k]) is not None])
+            for k, v in zip(suspicious, vals, strict=True):
+                zero.append(k)
+                if v == 0.0:
+                    self.reset(k, "zero_")  # p.grad.data.zero_() outside zero_grad
+                else:  # an untouched parameter still carrying a consumed gradient
+                    tally.stale += old[k]
+                    tally.stale_params.add(k)
+                    tally.consumed += old[k]
+        return zero, mixed
+
+    def unconsumed(self, grads: Grads) -> set[int]:
+        """The backwards of the unconsumed contributions that ``grads`` hold."""
+        self.fold()
+        out: set[int] = set()
+        for g, nw in zip(grads, self.new, strict=True):
+            if g is not None and nw:
+                out.update(nw)
+        return out
+
+    def consumed(self, grads: Grads) -> None:
+        """A step read ``grads``: their content is consumed from now on."""
+        self.hand.hold(grads)
+
+    def watch_backward(self, bw: int) -> ArmedBackward:
+        """Backward ``bw`` starts while armed: the ``.grad`` state before it, completed when
+        the engine returns (:meth:`ArmedBackward.done`)."""
+        self.fold_consumed()
+        return self.hand.watch(bw, self.old)

@@ -1,0 +1,229 @@
+"""One optimizer's step accounting: what each step consumed, and what the resets threw away.
+
+Thread: training (the tracker routes the step hooks, the closure and zero_grad wrappers and
+the backward wrapper here).
+
+A ledger counts each step of its optimizer from the contributions its gradients hold
+(:mod:`gradwatch.probe.contributions`), judges the resets since the previous step, and hands
+the step's facts over for the writer thread (:mod:`gradwatch.probe.facts`). Rules (fields:
+``Step`` in :mod:`gradwatch.wire`):
+
+- *stale*: a contribution this optimizer already consumed at an earlier step.
+- *leaked*: a contribution from a backward that another optimizer's step consumed in an
+  earlier phase (:mod:`gradwatch.probe.backwards`).
+- *late*: a parameter with no fresh contribution at this step, whose contribution a reset
+  removed, unconsumed and lost (:meth:`~gradwatch.probe.backwards.Backwards.lost`), since
+  the previous step.
+- *discarded*: such lost contributions on parameters that then got a fresh one (a reset
+  inside an accumulation window).
+
+Three ways count a step, all ending in the same facts (a test proves it): the textbook step
+(one backward since the last step, every gradient reset since) takes the hooks' list whole;
+any other step whose gradients hold no consumed content counts the hits in bulk; the rest
+goes parameter by parameter.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+from itertools import repeat
+from operator import attrgetter, is_
+
+import torch
+
+from gradwatch.probe.backwards import Backwards
+from gradwatch.probe.contributions import Contributions
+from gradwatch.probe.facts import Hits, JudgedStep, ResetLoss, StepFacts, StepTally, TextbookStep
+from gradwatch.probe.handresets import ArmedBackward
+from gradwatch.probe.norms import Grads, NormSchedule
+
+_removed = attrgetter("removed")
+_NO_LOSSES: dict[str, ResetLoss] = {}
+_NO_PARAMS: frozenset[int] = frozenset()
+"""Shared, never written: what a step with no reset to judge hands over."""
+
+
+class Ledger:
+    """Everything the probe counts for one optimizer, and the methods that count it."""
+
+    __slots__ = ("opt", "uid", "name", "params", "groups", "backwards", "contents", "norms",
+                 "step", "tally", "in_step")
+
+    def __init__(self, opt: torch.optim.Optimizer, name: str, params: list[torch.Tensor],
+                 groups: list[int], backwards: Backwards, norms_every: int) -> None:
+        self.opt = opt
+        self.uid = backwards.join()
+        self.name = name
+        self.params = params
+        """The optimizer's parameters, in a fixed order (parameters added later at the end)."""
+        self.groups = groups
+        """Each parameter's param group."""
+        self.backwards = backwards
+        self.contents = Contributions(params, backwards)
+        self.norms = NormSchedule(opt, norms_every)
+        self.step = 0
+        self.tally = StepTally()
+        self.in_step = False
+        """Inside a closure step (the step post-hook ends it)."""
+
+    @property
+    def incoming(self) -> Hits:
+        """The list each of its parameters' hooks appends to (its ``append`` is the hook)."""
+        return self.contents.incoming
+
+    # ---------------------------------------------------------------- parameters
+    def add(self, params: list[torch.Tensor], groups: list[int]) -> range:
+        """Parameters added to the optimizer (``add_param_group``), indexed after the others;
+        returns their indices."""
+        ks = self.contents.add(params)  # extends self.params: the same list
+        self.groups.extend(groups)
+        self.norms.replan(len(params))
+        return ks
+
+    def found(self, ks: range) -> None:
+        """Parameters ``ks`` were just hooked: what their gradients hold is fresh."""
+        self.contents.found(ks)
+
+    # ---------------------------------------------------------------- torch's events
+    def after_zero_grad(self) -> None:
+        """``Optimizer.zero_grad`` reset every parameter."""
+        self.contents.reset_all("optimizer_zero_grad")
+        self.backwards.disarm(self)
+
+    def after_module_zero_grad(self, ks: Sequence[int]) -> None:
+        """``Module.zero_grad`` reset parameters ``ks`` (the module's, of this optimizer)."""
+        if self.contents.reset_some(ks, "module_zero_grad"):
+            self.backwards.disarm(self)
+
+    def watch_backward(self, bw: int) -> ArmedBackward:
+        """Backward ``bw`` starts while this ledger is armed: the ``.grad`` state before it,
+        completed when the engine returns (:meth:`ArmedBackward.done`)."""
+        return self.contents.watch_backward(bw)
+
+    def fold_if_over(self, limit: int) -> None:
+        """Fold the hooks' list when it holds more than ``limit`` entries (backwards with no
+        step nor reset between them)."""
+        if len(self.contents.incoming) > limit:
+            self.contents.fold()
+
+    def release(self) -> None:
+        """The probe stopped: drop what the hooks appended."""
+        self.contents.release()
+
+    # ---------------------------------------------------------------- steps
+    def plain_step(self) -> StepFacts:
+        """A step without a closure, at its entry (it reads its gradients now and nothing
+        after): count, judge, hand the facts over, start the next step.
+
+        The usual step (every gradient reset since it was last consumed, none gone, no reset
+        that lost anything) skips the per-parameter checks of :meth:`consume` and the judging
+        of :meth:`finalize`.
+        """
+        contents = self.contents
+        if contents.settled() and not any(map(_removed, contents.pending)):
+            grads = [p.grad for p in self.params]
+            if not any(map(is_, grads, repeat(None))):
+                hits = contents.take_textbook(self.uid)
+                if hits is not None:
+                    facts = TextbookStep(time.time(), self.name, self.step,
+                                         contents.take_resets(), contents.index, hits,
+                                         self.norms.due(self.step, grads, [], [], False))
+                    self._mark(grads)
+                    self._advance()
+                    return facts
+                contents.pull()
+                if contents.take_bulk(self.uid, self.tally):
+                    self._sample_and_mark(grads, [], [], False)
+                    return self._close(False, _NO_LOSSES, _NO_PARAMS, _NO_PARAMS)
+        self.consume()
+        return self.finalize(skipped=False)
+
+    def open_closure_step(self) -> None:
+        """A closure step starts; :meth:`consume` follows each evaluation of its closure."""
+        self.in_step = True
+
+    def close_closure_step(self) -> JudgedStep | None:
+        """The closure step ended: its facts (None outside a closure step)."""
+        return self.finalize(skipped=False) if self.in_step else None
+
+    def skipped_step(self) -> JudgedStep:
+        """GradScaler skipped the step: it looked at the gradients without applying them."""
+        grads = [p.grad for p in self.params]
+        bws = self.contents.unconsumed(grads)
+        self.backwards.observe(bws)
+        self.tally.bws.update(bws)
+        norms = self.norms.skipped(self.step, grads)
+        if norms is not None:
+            self.tally.norms = norms
+        return self.finalize(skipped=True)
+
+    def consume(self, closure: bool = False) -> None:
+        """The general way: count what the optimizer reads now; mark it consumed."""
+        contents = self.contents
+        contents.pull()
+        grads = [p.grad for p in self.params]
+        missing = any(map(is_, grads, repeat(None)))
+        zero: list[int] = []
+        mixed: list[tuple[int, int]] = []
+        if not (contents.bulk_countable(grads, missing)
+                and contents.take_bulk(self.uid, self.tally)):
+            zero, mixed = contents.take_each(grads, self.uid, self.tally)
+            if self.tally.stale:
+                self.norms.saw_stale()
+        self._sample_and_mark(grads, zero, mixed, missing)
+        if closure:
+            self.tally.closure_evals += 1
+
+    def finalize(self, skipped: bool) -> JudgedStep:
+        """Judge the resets since the previous step (a skipped step's are not judged), hand
+        the step's facts over and start the next step."""
+        losses: dict[str, ResetLoss] = {}
+        late: set[int] = set()
+        discarded: set[int] = set()
+        if not skipped:
+            tally, lost, uid = self.tally, self.backwards.lost, self.uid
+            for reset in self.contents.pending:
+                for k, bws in reset.removed:
+                    n = lost(uid, bws)
+                    if not n:
+                        continue
+                    loss = losses.get(reset.how)
+                    if loss is None:
+                        loss = losses[reset.how] = ResetLoss()
+                    if tally.had_fresh(k):
+                        loss.discarded += n
+                        discarded.add(k)
+                    else:
+                        late.add(k)
+                        loss.after_backward = True
+        return self._close(skipped, losses, late, discarded)
+
+    def _sample_and_mark(self, grads: Grads, zero: list[int],
+                         mixed: list[tuple[int, int]], missing: bool) -> None:
+        norms = self.norms.due(self.step, grads, zero, mixed, missing)
+        if norms is not None:
+            self.tally.norms = norms
+        self._mark(grads)
+
+    def _mark(self, grads: Grads) -> None:
+        """The step read ``grads``: their content is consumed from now on."""
+        self.contents.consumed(grads)
+        self.backwards.arm(self)
+
+    def _close(self, skipped: bool, losses: dict[str, ResetLoss], late: AbstractSet[int],
+               discarded: AbstractSet[int]) -> JudgedStep:
+        """The step's facts, handed over; the next step starts with a new tally."""
+        facts = JudgedStep(time.time(), self.name, self.step, skipped, self.tally,
+                           self.contents.take_resets(), self.contents.index, losses, late,
+                           discarded)
+        self.tally = StepTally()
+        self._advance()
+        return facts
+
+    def _advance(self) -> None:
+        """Start the next step (the tally is the caller's: a textbook step never wrote it)."""
+        self.step += 1
+        self.in_step = False
+        self.backwards.stepped()

@@ -1,0 +1,195 @@
+"""Wire records from the step facts the training thread hands over.
+
+Thread: the writer thread only (imported by :mod:`gradwatch.probe.writer` alone).
+
+Everything a record needs beyond the facts is done here, off the training thread: looking
+the parameters of a hit list up, sorting index sets, summing resets, and copying sampled
+device norms to the host.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+from itertools import islice
+from operator import is_
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    import torch
+
+from gradwatch.probe.facts import (
+    Hits,
+    JudgedStep,
+    NormSample,
+    ResetFact,
+    ResetLoss,
+    StepFacts,
+    StepTally,
+    TextbookStep,
+    as_left,
+    param_indices,
+)
+from gradwatch.wire import Reset, Step, trusted
+
+_NOTHING_LOST = ResetLoss()
+_NO_LOSSES: dict[str, ResetLoss] = {}
+_NO_PARAMS: frozenset[int] = frozenset()
+
+
+class Lookup:
+    """:func:`~gradwatch.probe.facts.param_indices` for one optimizer, with a memo of the last
+    list looked up (and of the sorted parameters of a reset that cleared it)."""
+
+    # The textbook loop's hooks append the same parameters in the same order every step:
+    # checking a list against the last one by identity is cheaper than looking each up.
+    __slots__ = ("index", "_last", "_looked_up", "_ordered")
+
+    def __init__(self, index: dict[int, int]) -> None:
+        self.index = index
+        self._last: Hits = []
+        self._looked_up: list[int] = []
+        self._ordered: list[int] | None = None
+
+    def params(self, hits: Hits) -> list[int]:
+        """The parameter indices of ``hits`` (an index list as it is)."""
+        if not as_left(hits):
+            return hits
+        last = self._last
+        if len(hits) != len(last) or not all(map(is_, islice(hits, 1, None),
+                                                 islice(last, 1, None))):
+            self._looked_up = param_indices(hits, self.index)
+            self._last = hits
+            self._ordered = None
+        return self._looked_up
+
+    def reset_params(self, parts: list[tuple[Sequence[int], Sequence[Hits]]]) -> list[int]:
+        """The sorted indices of the parameters that resets of one kind covered, each reset
+        given as ``(its parameters, the hit lists it cleared)``; a new list."""
+        if len(parts) == 1 and not parts[0][0] and len(parts[0][1]) == 1:
+            # The textbook reset: one zero_grad clearing one step's list as the hooks left it.
+            looked_up = self.params(parts[0][1][0])
+            if looked_up is self._looked_up:
+                if self._ordered is None:
+                    self._ordered = sorted(set(looked_up))
+                return list(self._ordered)
+        params: set[int] = set()
+        for ks, hit_lists in parts:
+            params.update(ks)
+            for hits in hit_lists:
+                params.update(self.params(hits))
+        ordered = sorted(params)
+        return ordered[bisect_left(ordered, 0):]  # without the backward markers
+
+
+Item = StepFacts | BaseModel
+"""What the writer is handed: step facts, or a wire record made already."""
+
+
+class StepRecords:
+    """Turns handed-over items into wire records: step facts into :class:`Step` records,
+    wire records (already made) numbered as they are. One per writer."""
+
+    def __init__(self) -> None:
+        self._lookups: dict[str, Lookup] = {}
+        """Optimizer name -> its lookup (names are unique within a watch session)."""
+
+    def numbered(self, item: Item, seq: int) -> BaseModel:
+        """``item`` as the record numbered ``seq``."""
+        if isinstance(item, TextbookStep):
+            return self._textbook(item, seq)
+        if isinstance(item, JudgedStep):
+            return step_record(seq, item.t, item.opt, item.step, item.skipped, item.tally,
+                               item.resets, self._lookup(item.opt, item.index), item.losses,
+                               item.late, item.discarded_params)
+        item.seq = seq  # type: ignore[attr-defined]
+        return item
+
+    def _textbook(self, facts: TextbookStep, seq: int) -> Step:
+        tally = StepTally()
+        tally.fresh = tally.consumed = len(facts.hits) - 1
+        tally.bws.add(-facts.hits[0])
+        tally.norms = facts.norms
+        return step_record(seq, facts.t, facts.opt, facts.step, False, tally, facts.resets,
+                           self._lookup(facts.opt, facts.index), _NO_LOSSES, _NO_PARAMS,
+                           _NO_PARAMS)
+
+    def _lookup(self, opt: str, index: dict[int, int]) -> Lookup:
+        lookup = self._lookups.get(opt)
+        if lookup is None:
+            lookup = self._lookups[opt] = Lookup(index)
+        return lookup
+
+
+def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: StepTally,
+                resets_since: list[ResetFact], lookup: Lookup, losses: dict[str, ResetLoss],
+                late: AbstractSet[int], discarded_params: AbstractSet[int]) -> Step:
+    """A :class:`Step` record from a step's facts."""
+    by_how: dict[str, list[tuple[Sequence[int], Sequence[Hits]]]] = {}
+    for reset in resets_since:
+        by_how.setdefault(reset.how, []).append((reset.params, reset.cleared))
+    resets = []
+    discarded = 0
+    for how, parts in by_how.items():
+        loss = losses.get(how, _NOTHING_LOST)
+        discarded += loss.discarded
+        resets.append(trusted(Reset, {"how": how, "params": lookup.reset_params(parts),
+                                      "discarded": loss.discarded,
+                                      "after_backward": loss.after_backward}))
+    norm = fresh_norm = drift = per = fresh = None
+    if tally.norms is not None:
+        per, fresh, norm, fresh_norm = host_norms(tally.norms)
+        if norm is not None and fresh_norm:  # undefined when nothing fresh
+            drift = norm / fresh_norm
+    return trusted(Step, {
+        "seq": seq, "t": t, "type": "step", "opt": opt, "step": step,
+        "skipped": skipped, "closure_evals": tally.closure_evals,
+        "backwards": len(tally.bws), "consumed": tally.consumed, "fresh": tally.fresh,
+        "stale": tally.stale, "leaked": tally.leaked,
+        "stale_params": sorted(tally.stale_params),
+        "leaked_params": sorted(tally.leaked_params), "late_params": sorted(late),
+        "discarded": discarded, "discarded_params": sorted(discarded_params),
+        "resets": resets, "norm": norm, "fresh_norm": fresh_norm, "drift": drift,
+        "param_norms": per, "param_fresh_norms": fresh})
+
+
+def host_norms(sample: NormSample | list[float]
+               ) -> tuple[list[float | None], list[float | None], float, float | None]:
+    """``(norms, fresh_norms, norm, fresh_norm)`` on the host, ``None`` where unknown. A list
+    is the usual CPU step's read: every parameter, all of it fresh."""
+    if isinstance(sample, list):
+        total = _total(sample)
+        return sample, sample, total, total  # type: ignore[return-value]
+    nv = _listed(sample.norms)
+    same = sample.fresh is sample.norms
+    fv = nv if same else _listed(sample.fresh)
+    total = _total(nv)
+    ft = None if sample.unknown else (total if same else _total(fv))
+    if len(sample.ks) == sample.n_params and not sample.unknown:
+        return nv, fv, total, ft
+    per: list[float | None] = [None] * sample.n_params
+    fresh: list[float | None] = [None] * sample.n_params
+    for j, k in enumerate(sample.ks):
+        per[k] = nv[j]
+        fresh[k] = fv[j]
+    for j in sample.unknown:
+        fresh[sample.ks[j]] = None
+    return per, fresh, total, ft
+
+
+def _listed(x: torch.Tensor | list[float]) -> list[Any]:
+    """Host values: read from the device (GPU), or already read (CPU)."""
+    return x if isinstance(x, list) else x.tolist()
+
+
+def _total(xs: list[float]) -> float:
+    """Norm of all parameters together: NaN where one is NaN (as the norm of the whole
+    gradient would be), else Inf where one is Inf."""
+    total = math.hypot(*xs)
+    if total == math.inf and any(x != x for x in xs):
+        return math.nan
+    return total
