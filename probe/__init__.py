@@ -3,13 +3,17 @@
 ``watch()`` attaches to given optimizers; ``gradwatch run`` (:mod:`.runner`) attaches to every
 optimizer a script creates. See :mod:`gradwatch.probe.tracker` for how it stays cheap.
 
-Names are loaded on first use, so torch-free submodules (:mod:`.stream`, used by
-``gradwatch replay``) import without torch.
+Every module here runs on torch: without it, importing any of them raises
+:class:`gradwatch.extras.TorchMissingError`, one sentence that says to install torch.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from gradwatch.extras import require_torch
+
+require_torch()
 
 if TYPE_CHECKING:
     from gradwatch.probe.api import WatchHandle as WatchHandle
