@@ -2,6 +2,8 @@
 
 ``gradwatch.watch`` lives in the probe, which imports torch; it is loaded on first use so
 that the torch-free parts (the wire contract, ``check``, the server) import without torch.
+Where torch is missing, ``gradwatch.watch`` raises :class:`gradwatch.extras.TorchMissingError`
+(an ``ImportError``) with one sentence that says to install it.
 """
 
 from __future__ import annotations

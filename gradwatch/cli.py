@@ -1,7 +1,8 @@
 """The ``gradwatch`` command: a thin dispatcher to one module per subcommand.
 
 Each subcommand's module is imported only when it runs, so ``gradwatch check`` works
-without torch and ``gradwatch run`` works without fastapi.
+without torch and ``gradwatch run`` works without fastapi. A subcommand whose packages are
+missing (:data:`NEEDS`) prints one line saying what to install and exits 2.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
+
+from gradwatch.extras import SERVER, TORCH, Requirement
 
 COMMANDS = {
     "run": ("gradwatch.probe.runner", "run a training script under the probe"),
@@ -18,8 +21,13 @@ COMMANDS = {
     "demo": ("gradwatch.demo", "server + dashboard + a demo training run with bugs"),
 }
 
-SERVER_PACKAGES = frozenset({"fastapi", "starlette", "uvicorn", "plotly"})
-"""What the ``[server]`` extra installs: a missing one gets an install hint."""
+NEEDS: dict[str, tuple[Requirement, ...]] = {
+    "run": (TORCH,),
+    "serve": (SERVER,),
+    "demo": (SERVER, TORCH),
+}
+"""What a subcommand needs beyond the base install; a missing one is named in one line
+before anything is imported (``demo`` imports torch and starts the server only later)."""
 
 USAGE = "usage: gradwatch {" + ",".join(COMMANDS) + "} ...\n\n" + "\n".join(
     f"  {name:<8}{help_}" for name, (_, help_) in COMMANDS.items()
@@ -41,14 +49,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"gradwatch: unknown command '{name}'\n{USAGE}", file=sys.stderr)
         return 2
+    missing = [req for req in NEEDS.get(name, ()) if req.missing()]
+    for req in missing:
+        print(req.sentence(f"gradwatch {name}"), file=sys.stderr)
+    if missing:
+        return 2
     module_name = COMMANDS[name][0]
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        missing = (e.name or "").split(".")[0]
-        extra = (" Install it with: pip install 'gradwatch[server]'"
-                 if missing in SERVER_PACKAGES else "")
-        print(f"gradwatch {name}: cannot load {module_name}: {e}.{extra}", file=sys.stderr)
+    except ImportError as e:  # a broken install: say which import failed, in one line
+        print(f"gradwatch {name}: cannot load {module_name}: {e}", file=sys.stderr)
         return 2
     rc: int = module.main(args[1:])
     return rc

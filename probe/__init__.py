@@ -1,6 +1,6 @@
 """The probe: runs inside the training process, judges every optimizer step, writes records.
 
-Thread: training (importing it loads nothing; :mod:`.api` is loaded on first use).
+Thread: training (:mod:`.api` is loaded on first use).
 
 ``watch()`` attaches to given optimizers; ``gradwatch run`` (:mod:`.runner`) attaches to every
 optimizer a script creates. Per optimizer step: the tracker (:mod:`.tracker`) routes torch's
@@ -8,13 +8,17 @@ events to one ledger per optimizer (:mod:`.ledger`), which counts the step and h
 (:mod:`.facts`) to the writer thread (:mod:`.writer`), which builds the step record
 (:mod:`.records`) and writes it.
 
-Names are loaded on first use, so ``import gradwatch`` stays torch-free until ``watch`` is
-used.
+Every module here runs on torch: without it, importing any of them raises
+:class:`gradwatch.extras.TorchMissingError`, one sentence that says to install torch.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from gradwatch.extras import require_torch
+
+require_torch()
 
 if TYPE_CHECKING:
     from gradwatch.probe.api import WatchHandle as WatchHandle

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates the virtual environment and installs gradwatch with its server and dev extras.
-# The pinned CPU torch wheel goes in first: an open range with no torch installed would
-# pull a multi-GB CUDA build.
+# gradwatch does not require torch, but the probe, its tests and the demo run on it: the
+# pinned CPU wheel goes in first, before anything (accelerate, in the dev extra) could pull
+# torch from an open range, which would be a multi-GB CUDA build.
 set -euo pipefail
 venv=${1:-.venv}
 py=${PYTHON:-python3}

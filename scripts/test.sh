@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The README's test command runs this: lint, types, then the whole pytest suite.
-# Browser tests need Debian's chromium and the Docker test needs docker.io; both are
-# installed here when missing (root on Debian). GRADWATCH_SKIP_DOCKER=1 skips the image test.
+# Browser tests need Debian's chromium, the plotly.js refresh test npm and the Docker test
+# docker.io; they are installed here when missing (root on Debian).
+# GRADWATCH_SKIP_DOCKER=1 skips the image test.
 set -euo pipefail
 venv=${1:-.venv}
 bin=$venv/bin
 need=()
 command -v chromium >/dev/null || need+=(chromium)
+command -v npm >/dev/null || need+=(npm)  # scripts/refresh-plotly.sh, tested in tests/packaging
 if [[ ${GRADWATCH_SKIP_DOCKER:-0} != 1 ]]; then
   command -v dockerd >/dev/null || need+=(docker.io)
   command -v debootstrap >/dev/null || need+=(debootstrap)

@@ -1,7 +1,8 @@
 """The dashboard's files: ``/`` (index.html), ``/static/...`` (web/) and plotly.js.
 
-Files are served only from the installed ``gradwatch.web`` package and the installed
-``plotly`` package; no request chooses a path outside them.
+Files are served only from the installed ``gradwatch.web`` package; no request chooses a
+path outside it. plotly.js is the pinned partial bundle vendored in ``web/vendor/`` (see
+``scripts/refresh-plotly.sh``): no CDN, so the dashboard works offline.
 """
 
 from __future__ import annotations
@@ -24,13 +25,9 @@ def web_dir() -> Path:
     return Path(str(importlib.resources.files("gradwatch.web")))
 
 
-def plotly_js() -> Path | None:
-    """``plotly.min.js`` from the installed plotly Python package, if present."""
-    try:
-        p = Path(str(importlib.resources.files("plotly"))) / "package_data" / "plotly.min.js"
-    except ModuleNotFoundError:
-        return None
-    return p if p.is_file() else None
+def plotly_js() -> Path:
+    """The vendored plotly.js bundle (``web/vendor/plotly.min.js``) of the installed package."""
+    return web_dir() / "vendor" / "plotly.min.js"
 
 
 @router.get("/", response_model=None)
@@ -44,12 +41,13 @@ async def index() -> FileResponse | HTMLResponse:
 
 @router.get("/static/vendor/plotly.min.js", response_model=None)
 async def plotly() -> FileResponse:
-    """plotly.js from the installed plotly package (no CDN)."""
+    """The vendored plotly.js bundle (no CDN)."""
     p = plotly_js()
-    if p is None:
-        raise HTTPException(404, "plotly is not installed: pip install 'gradwatch[server]'")
+    if not p.is_file():
+        raise HTTPException(404, "plotly.js is missing from this gradwatch install "
+                                 "(gradwatch/web/vendor/plotly.min.js): reinstall gradwatch")
     # Cached for a day (revalidated by ETag after that): a returning browser skips the
-    # 4.8 MB download and reuses V8's compiled code, which is most of plotly's start-up.
+    # download and reuses V8's compiled code, which is most of plotly's start-up.
     return FileResponse(p, media_type="text/javascript",
                         headers={"Cache-Control": "public, max-age=86400"})
 

@@ -1,6 +1,7 @@
 /**
- * Loading plotly.js: preloaded by index.html (from the installed plotly Python package),
- * run when the page is ready to spend the main thread on it.
+ * Loading plotly.js: preloaded by index.html (the pinned partial bundle vendored in
+ * web/vendor/, served with a long cache lifetime), run when the page is ready to spend the
+ * main thread on it.
  */
 
 const PLOTLY_SRC = "/static/vendor/plotly.min.js";
@@ -31,7 +32,7 @@ export function loadPlotly() {
 }
 setTimeout(loadPlotly, PLOTLY_WAIT_MS);
 
-/** Resolves with the Plotly global once plotly.min.js has loaded. */
+/** Resolves with the Plotly global once plotly.js has loaded. */
 export function whenPlotly() {
   return plotlyReady;
 }
