@@ -10,8 +10,8 @@ from fastapi import FastAPI
 
 from gradwatch import __version__
 from gradwatch.server import api, web, ws
+from gradwatch.server.runs import Runs
 from gradwatch.server.security import TokenMiddleware
-from gradwatch.server.service import Service
 from gradwatch.server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -27,14 +27,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        svc = Service(settings)
-        svc.start()
-        app.state.service = svc
+        runs = Runs(settings)
+        runs.start()
+        app.state.runs = runs
         log.info("gradwatch server: data in %s", settings.data_dir)
         try:
             yield
         finally:
-            svc.close()
+            runs.close()
 
     app = FastAPI(title="gradwatch", version=__version__, lifespan=lifespan,
                   description="Live gradient-reset debugger: ingest, runs, steps, findings.")

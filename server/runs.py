@@ -1,36 +1,33 @@
-"""The server's core, bundled: storage writer, reader, live hub and stream tracker.
+"""The runs the server holds: stored by the writer, read by the reader, published live.
 
-Routes call these coroutines; they run storage work off the event loop and publish what
-changed to live clients. No FastAPI here: tests drive a :class:`Service` directly.
+:class:`Runs` owns the storage writer, the reader, the live hub, the stream tracker and
+the frame parser (``create_app`` puts one on ``app.state.runs``), and does what touches
+several of them: store, then tell live clients. No FastAPI here: tests drive it directly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import get_context
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from gradwatch.frames import Hello
-from gradwatch.server.digest import exit_with_parent, parse_to_digest
+from gradwatch.server.batch import RecordModel
 from gradwatch.server.fanout import Hub
-from gradwatch.server.ingest import StreamTracker
-from gradwatch.server.queries import Reader
+from gradwatch.server.parsing import FrameParser
+from gradwatch.server.reader import Reader
 from gradwatch.server.settings import Settings
-from gradwatch.server.storage import IngestResult, Store
+from gradwatch.server.storage import Store
+from gradwatch.server.streams import StreamTracker
+from gradwatch.server.writes import IngestResult
 from gradwatch.wire import Header
 
 log = logging.getLogger(__name__)
-
-PARSE_INLINE_BYTES = 32 << 10
-"""Smaller frames (hellos, a few records) are validated right on the event loop."""
+T = TypeVar("T")
 
 
-class Service:
-    """Everything ``create_app`` puts on ``app.state.service``.
+class Runs:
+    """Everything ``create_app`` puts on ``app.state.runs``.
 
     Args:
         settings: the server settings (data dir, limits).
@@ -42,42 +39,27 @@ class Service:
         self.reader = Reader(settings.data_dir)
         self.hub = Hub(summary_interval=settings.summary_interval,
                        max_clients=settings.max_live_clients, max_items=settings.live_queue)
-        self.tracker = StreamTracker(settings.interrupted_after, self._lost)
-        # Validating frames is the costliest part of ingest and holds the GIL: worker
-        # processes take it off this process's GIL (settings.parse_processes); else one
-        # thread for all connections, so a crowd of parsing threads never fights the writer.
-        self.parser: Executor = (
-            ProcessPoolExecutor(settings.parse_processes, mp_context=get_context("spawn"),
-                                initializer=exit_with_parent, initargs=(os.getpid(),))
-            if settings.parse_processes > 0 else ThreadPoolExecutor(1, "gradwatch-parse"))
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.streams = StreamTracker(settings.interrupted_after, self._lost)
+        self.parser = FrameParser(settings.parse_processes)
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        """Start the storage writer (and warm up the parser processes)."""
+        """Start the storage writer and the frame parser."""
         self.store.start()
-        if isinstance(self.parser, ProcessPoolExecutor):
-            self.parser.submit(parse_to_digest, Hello(run="warm-up").model_dump_json())
-
-    async def parse(self, text: str) -> tuple[str, Any]:
-        """Validate an ingest frame (see :func:`parse_to_digest`), off the event loop."""
-        if len(text) < PARSE_INLINE_BYTES:
-            return parse_to_digest(text)
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self.parser, parse_to_digest, text)
-        except BrokenProcessPool:
-            log.error("the frame parser process died; parsing in a thread from now on")
-            self.parser = ThreadPoolExecutor(1, "gradwatch-parse")
-            return await loop.run_in_executor(self.parser, parse_to_digest, text)
+        self.parser.start()
 
     def close(self) -> None:
         """Finish queued writes and close the database."""
-        self.parser.shutdown(wait=True)
+        self.parser.close()
         self.store.close()
         self.reader.close()
 
-    async def write(self, fn: Any, *args: Any) -> Any:
-        """Run a storage operation on the writer thread and await it."""
+    async def write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a storage operation on the writer thread and await it.
+
+        Raises:
+            StoreBusy: too many writes are queued; and whatever ``fn`` raises.
+        """
         return await asyncio.wrap_future(self.store.submit(fn, *args))
 
     def publish(self, res: IngestResult) -> None:
@@ -92,13 +74,17 @@ class Service:
 
     async def delete(self, run: str) -> bool:
         """Delete a run; tell live clients. ``False`` if there is none."""
-        ok: bool = await self.write(self.store.delete, run)
+        ok = await self.write(self.store.delete, run)
         if ok:
             self.hub.publish_deleted(run)
         return ok
 
-    async def import_log(self, header: Header, records: list[Any]) -> tuple[str, int]:
-        """Store a parsed step log as a new run; returns its id and step count."""
+    async def import_log(self, header: Header, records: list[RecordModel]) -> tuple[str, int]:
+        """Store a validated step log as a new run; returns its id and step count.
+
+        Raises:
+            RunLimitReached, InvalidStream, StoreBusy: nothing was stored.
+        """
         run_id, steps = await self.write(self.store.import_log, header, records)
         summary = await asyncio.to_thread(self.reader.summary, run_id)
         if summary is not None:

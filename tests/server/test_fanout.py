@@ -9,7 +9,7 @@ import synth
 
 from gradwatch.frames import RunSummary
 from gradwatch.server.fanout import Hub
-from gradwatch.server.series import row_from_step
+from gradwatch.server.rows import row_from_step
 
 
 def rows(lo: int, hi: int) -> list:

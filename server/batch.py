@@ -1,0 +1,61 @@
+"""A validated ingest batch as storage takes it: a :class:`Batch` of :class:`Entry`.
+
+Made once, where the frame was validated (:mod:`server.parsing`, possibly in a worker
+process), and passed on as is: each record's JSON line to store, its step row for the
+columns and the plots, and the validated record itself where the writer reads one
+(headers, optimizers, stats, ends, and steps carrying a finding fact, the only steps the
+:class:`~gradwatch.verdict.Verdict` turns into findings). Plain tuples, cheap to pickle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal, NamedTuple
+
+from gradwatch.server.rows import Row, row_from_step
+from gradwatch.verdict import has_finding_facts
+from gradwatch.wire import End, Header, IngestBatch, OptimizerInfo, Stats, Step
+
+RecordModel = Header | OptimizerInfo | Step | Stats | End
+RecordKind = Literal["header", "optimizer", "step", "stats", "end"]
+
+
+class Entry(NamedTuple):
+    """One record of a batch."""
+
+    seq: int
+    kind: RecordKind
+    t: float
+    body: str
+    """The record as one JSON line (stored as is; ``None`` fields left out)."""
+    row: Row | None
+    """Its step row, for step records."""
+    record: RecordModel | None
+    """The validated record, except for steps without a finding fact (``None``)."""
+
+
+class Batch(NamedTuple):
+    """A validated batch of one (run, rank) stream."""
+
+    run: str
+    rank: int
+    entries: list[Entry]
+
+
+def entry(r: RecordModel, rank: int) -> Entry:
+    """The :class:`Entry` of one validated record."""
+    body = r.__pydantic_serializer__.to_json(r, exclude_none=True).decode()
+    if isinstance(r, Step):
+        return Entry(r.seq, "step", r.t, body, row_from_step(r, rank),
+                     r if has_finding_facts(r) else None)
+    return Entry(r.seq, r.type, r.t, body, None, r)
+
+
+def batch_of(frame: IngestBatch) -> Batch:
+    """The batch of a validated ingest frame."""
+    return Batch(frame.run, frame.rank, [entry(r, frame.rank) for r in frame.records])
+
+
+def batch_of_records(run: str, rank: int, records: Iterable[RecordModel]) -> Batch:
+    """The batch of validated records (an imported step log)."""
+    return Batch(run, rank, [entry(r, rank) for r in records])
