@@ -4,7 +4,9 @@ Made once, where the frame was validated (:mod:`server.parsing`, possibly in a w
 process), and passed on as is: each record's JSON line to store, its step row for the
 columns and the plots, and the validated record itself where the writer reads one
 (headers, optimizers, stats, ends, and steps carrying a finding fact, the only steps the
-:class:`~gradwatch.verdict.Verdict` turns into findings). Plain tuples, cheap to pickle.
+:class:`~gradwatch.verdict.Verdict` turns into findings). Named tuples, picklable for the
+parser processes; steps without a finding fact, the bulk of a run, cross as a string and a
+row of numbers.
 """
 
 from __future__ import annotations

@@ -78,8 +78,9 @@ class Client:
         self._items.clear()
         self._items.extend(keep)
         if rows and self.run is not None:
-            small, _ = downsample(rows, self.max_rows)
-            self._items.append(_steps_item(self.run, small, decimated=True))
+            small, bucket = downsample(rows, self.max_rows)
+            self._items.append(_steps_item(self.run, small, decimated=True, bucket=bucket,
+                                           total=len(rows)))
         self._items.extend(last.values())
         self.decimated += 1
         while len(self._items) >= self.max_items:  # only if flooded with other frames
@@ -116,9 +117,11 @@ class Client:
         return out
 
 
-def _steps_item(run: str, rows: list[Row], decimated: bool) -> Item:
+def _steps_item(run: str, rows: list[Row], decimated: bool, bucket: int = 1,
+                total: int | None = None) -> Item:
     rows = sorted(rows, key=lambda r: (r.rank, r.opt, r.step))
-    series = SeriesRows(rows, downsampled=decimated, total=len(rows)).columns()
+    series = SeriesRows(rows, bucket, decimated, len(rows) if total is None else total
+                        ).columns()
     return Item("steps", frame_json(StepsFrame, run=run, steps=series, decimated=decimated),
                 rows)
 

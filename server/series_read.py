@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from typing import Any
 
 from gradwatch.server import db
 from gradwatch.server.downsampling import Bucket, aligned, bucket_size
@@ -28,11 +27,13 @@ from gradwatch.server.steptable import (
 )
 
 _KEY = "WHERE rid=? AND rank=? AND opt=? AND step BETWEEN ? AND ?"
+Key = tuple[int, int, str, int, int]
+"""(rid, rank, opt, lo, hi): one series' steps in [lo, hi], as :data:`_KEY` takes them."""
 _LIGHT = (f"SELECT step, norm, drift, {MUST_KEEP_SQL}, resets FROM steps {_KEY} "
           f"ORDER BY step")
 
 
-def span(c: sqlite3.Connection, table: str, key: tuple[Any, ...]) -> tuple[int, int] | None:
+def span(c: sqlite3.Connection, table: str, key: Key) -> tuple[int, int] | None:
     """First and last step of ``table`` rows matching ``key`` (rid, rank, opt, lo, hi)."""
     first = c.execute(f"SELECT step FROM {table} {_KEY} ORDER BY step LIMIT 1", key).fetchone()
     if first is None:
@@ -124,7 +125,7 @@ def _bucket(buckets: dict[int, Bucket], k: int) -> Bucket:
     return b
 
 
-def _scan(c: sqlite3.Connection, key: tuple[Any, ...], b: int,
+def _scan(c: sqlite3.Connection, key: Key, b: int,
           buckets: dict[int, Bucket]) -> None:
     """Count raw rows into their buckets (light tuples: no Row objects for rows not kept)."""
     sigs: dict[str | None, str] = {}
