@@ -1,4 +1,5 @@
-"""A validated ingest batch as storage takes it: a :class:`Batch` of :class:`Entry`.
+"""A validated ingest batch as storage takes it (:class:`Batch`), and what storing it
+changed (:class:`IngestResult`).
 
 Made once, where the frame was validated (:mod:`server.parsing`, possibly in a worker
 process), and passed on as is: each record's JSON line to store, its step row for the
@@ -12,11 +13,13 @@ row of numbers.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from gradwatch.frames import OptimizerView, RunSummary
 from gradwatch.server.rows import Row, row_from_step
 from gradwatch.verdict import has_finding_facts
-from gradwatch.wire import End, Header, IngestBatch, OptimizerInfo, Stats, Step
+from gradwatch.wire import End, Finding, Header, IngestBatch, OptimizerInfo, Stats, Step
 
 RecordModel = Header | OptimizerInfo | Step | Stats | End
 RecordKind = Literal["header", "optimizer", "step", "stats", "end"]
@@ -61,3 +64,22 @@ def batch_of(frame: IngestBatch) -> Batch:
 def batch_of_records(run: str, rank: int, records: Iterable[RecordModel]) -> Batch:
     """The batch of validated records (an imported step log)."""
     return Batch(run, rank, [entry(r, rank) for r in records])
+
+
+@dataclass
+class IngestResult:
+    """What one stored batch changed, for the ack and the live fan-out."""
+
+    run: str
+    rank: int
+    ack: int
+    """Highest seq stored of the stream (every record up to it is stored); -1: none."""
+    new_run: bool = False
+    stored: int = 0
+    """Records new to the database."""
+    rows: list[Row] = field(default_factory=list)
+    """Step rows new to the database."""
+    optimizers: list[OptimizerView] = field(default_factory=list)
+    findings: list[Finding] | None = None
+    """The run's findings, when the batch changed them."""
+    summary: RunSummary | None = None

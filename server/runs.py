@@ -12,14 +12,13 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gradwatch.server.batch import RecordModel
+from gradwatch.server.batch import IngestResult, RecordModel
 from gradwatch.server.fanout import Hub
 from gradwatch.server.parsing import FrameParser
 from gradwatch.server.reader import Reader
 from gradwatch.server.settings import Settings
 from gradwatch.server.storage import Store
 from gradwatch.server.streams import StreamTracker
-from gradwatch.server.writes import IngestResult
 from gradwatch.wire import Header
 
 log = logging.getLogger(__name__)

@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 
 from gradwatch.frames import RunSummary
 from gradwatch.server import chunks, db
-from gradwatch.server.batch import Batch, RecordModel, batch_of_records
+from gradwatch.server.batch import Batch, Entry, IngestResult, RecordModel, batch_of_records
 from gradwatch.server.errors import InvalidStream, RunLimitReached, StoreBusy
 from gradwatch.server.runstate import RunState, load_state, new_state
-from gradwatch.server.writes import IngestResult, write_batch
+from gradwatch.server.writes import write_batch
 from gradwatch.wire import Header
 
 log = logging.getLogger(__name__)
@@ -158,15 +158,15 @@ class Store:
         """
         entries = batch.entries
         prev = -1
-        header: Header | None = None
+        header: Entry | None = None
         for e in entries:
             if e.seq <= prev:
                 raise InvalidStream(f"records must be in increasing seq order "
                                     f"(seq {e.seq} after {prev})")
             prev = e.seq
             if isinstance(e.record, Header):
-                header = e.record
-                if e.seq != 0 or header.run != batch.run or header.rank != batch.rank:
+                header = e
+                if e.seq != 0 or e.record.run != batch.run or e.record.rank != batch.rank:
                     raise InvalidStream("a header must have seq 0 and the batch's run and "
                                         "rank")
         st = self._state(batch.run)
@@ -198,13 +198,14 @@ class Store:
         res.summary = st.summary()
         return res
 
-    def _create(self, header: Header, name: str | None) -> RunState:
+    def _create(self, entry: Entry, name: str | None) -> RunState:
+        header = entry.record
+        assert isinstance(header, Header)
         cur = self._conn.execute(
             "INSERT INTO runs(id, name, status, started, updated, torch_version, "
             "world_size, header) VALUES(?,?,?,?,?,?,?,?)",
             (header.run, name or header.run_name or header.run, "live", header.started,
-             header.t, header.torch_version, header.world_size,
-             header.model_dump_json(exclude_none=True)))
+             header.t, header.torch_version, header.world_size, entry.body))
         assert cur.lastrowid is not None
         st = new_state(cur.lastrowid, header, name)
         self._states[header.run] = st

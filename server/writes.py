@@ -11,37 +11,17 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass, field
 from typing import Any
 
-from gradwatch.frames import OptimizerView, RunSummary
-from gradwatch.server.batch import Batch, Entry
+from gradwatch.frames import OptimizerView
+from gradwatch.server.batch import Batch, Entry, IngestResult
 from gradwatch.server.rows import Row
 from gradwatch.server.runstate import RunState
 from gradwatch.server.steptable import step_values
-from gradwatch.wire import End, Finding, Header, OptimizerInfo, Stats
+from gradwatch.wire import End, Header, OptimizerInfo, Stats
 
 _INSERT_RECORD = "INSERT OR IGNORE INTO records(rid, rank, seq, kind, body) VALUES(?,?,?,?,?)"
 _INSERT_STEP = "INSERT OR REPLACE INTO steps VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-
-
-@dataclass
-class IngestResult:
-    """What one stored batch changed, for the ack and the live fan-out."""
-
-    run: str
-    rank: int
-    ack: int
-    """Highest seq stored of the stream (every record up to it is stored); -1: none."""
-    new_run: bool = False
-    stored: int = 0
-    """Records new to the database."""
-    rows: list[Row] = field(default_factory=list)
-    """Step rows new to the database."""
-    optimizers: list[OptimizerView] = field(default_factory=list)
-    findings: list[Finding] | None = None
-    """The run's findings, when the batch changed them."""
-    summary: RunSummary | None = None
 
 
 def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch,
@@ -77,7 +57,7 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch,
                 st.ranks.append(rank)
         elif isinstance(r, OptimizerInfo):
             conn.execute("INSERT OR REPLACE INTO optimizers VALUES(?,?,?,?)",
-                         (rid, rank, r.opt, r.model_dump_json(exclude_none=True)))
+                         (rid, rank, r.opt, e.body))
             if r.opt not in st.optimizers:
                 st.optimizers.append(r.opt)
             res.optimizers.append(OptimizerView(rank=rank, opt=r.opt, cls=r.cls,

@@ -15,11 +15,10 @@ from typing import NamedTuple, TypeVar
 from fastapi import WebSocket, WebSocketDisconnect
 
 from gradwatch.frames import Ack, Hello, Resume
-from gradwatch.server.batch import Batch
+from gradwatch.server.batch import Batch, IngestResult
 from gradwatch.server.errors import Refused, UnreadableFrame
 from gradwatch.server.limits import RateLimiter, check_size
 from gradwatch.server.runs import Runs
-from gradwatch.server.writes import IngestResult
 from gradwatch.server.ws_close import close_code, short
 
 log = logging.getLogger(__name__)
@@ -48,7 +47,8 @@ class IngestSession:
         self.limiter = RateLimiter(runs.settings.max_msgs_per_sec)
         self.pending: asyncio.Queue[_Resuming | _Storing | None] = asyncio.Queue(
             self.PIPELINE)
-        self.streams: set[str] = set()
+        self.sending_to: set[str] = set()
+        """Runs this connection has sent batches to."""
 
     async def run(self) -> None:
         """Serve the connection until the client leaves or a frame is refused."""
@@ -69,7 +69,7 @@ class IngestSession:
                 with contextlib.suppress(Exception):
                     await self.ws.close(code, short(err.reason))
         finally:
-            for run in self.streams:
+            for run in self.sending_to:
                 self.runs.streams.disconnect(run)
 
     async def _receive(self) -> Refused | None:
@@ -92,8 +92,8 @@ class IngestSession:
                     job = _Resuming(frame, asyncio.wrap_future(
                         store.submit(store.resume_seq, frame.run, frame.rank)))
                 else:
-                    if frame.run not in self.streams:
-                        self.streams.add(frame.run)
+                    if frame.run not in self.sending_to:
+                        self.sending_to.add(frame.run)
                         self.runs.streams.connect(frame.run)
                     job = _Storing(frame, asyncio.wrap_future(store.submit(store.ingest,
                                                                            frame)))
