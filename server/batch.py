@@ -6,7 +6,7 @@ process), and passed on as is: each record's JSON line to store, its step row fo
 columns and the plots, and the validated record itself where the writer reads one
 (headers, optimizers, stats, ends, and steps carrying a finding fact, the only steps the
 :class:`~gradwatch.verdict.Verdict` turns into findings). Named tuples, picklable for the
-parser processes; steps without a finding fact, the bulk of a run, cross as a string and a
+parser processes: steps without a finding fact, the bulk of a run, cross as a string and a
 row of numbers.
 """
 
@@ -14,29 +14,55 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from gradwatch.frames import OptimizerView, RunSummary
 from gradwatch.server.rows import Row, row_from_step
 from gradwatch.verdict import has_finding_facts
-from gradwatch.wire import End, Finding, Header, IngestBatch, OptimizerInfo, Stats, Step
+from gradwatch.wire import (
+    End,
+    Finding,
+    Header,
+    IngestBatch,
+    OptimizerInfo,
+    Stats,
+    Step,
+    parse_record,
+)
 
 RecordModel = Header | OptimizerInfo | Step | Stats | End
 RecordKind = Literal["header", "optimizer", "step", "stats", "end"]
 
 
-class Entry(NamedTuple):
-    """One record of a batch."""
+class Entry:
+    """One record of a batch.
 
-    seq: int
-    kind: RecordKind
-    t: float
-    body: str
-    """The record as one JSON line (stored as is; ``None`` fields left out)."""
-    row: Row | None
-    """Its step row, for step records."""
-    record: RecordModel | None
-    """The validated record, except for steps without a finding fact (``None``)."""
+    Attributes:
+        seq, kind, t: the record's seq, type and time.
+        body: the record as one JSON line (stored as is; ``None`` fields left out).
+        row: its step row, for step records.
+    """
+
+    __slots__ = ("seq", "kind", "t", "body", "row", "_record", "_in_body")
+
+    def __init__(self, seq: int, kind: RecordKind, t: float, body: str, row: Row | None,
+                 record: RecordModel | None, in_body: bool = False):
+        self.seq, self.kind, self.t, self.body, self.row = seq, kind, t, body, row
+        self._record = record
+        self._in_body = in_body
+
+    @property
+    def record(self) -> RecordModel | None:
+        """The validated record, except for steps without a finding fact (``None``)."""
+        # Read back from the line after crossing a process boundary; not kept, so a
+        # batch of a thousand flagged steps holds no thousand models while it is stored.
+        return parse_record(self.body) if self._in_body else self._record
+
+    def __reduce__(self) -> tuple[type[Entry], tuple[Any, ...]]:
+        # Across the parser processes' boundary a record travels as its JSON line only: a
+        # line pickles for almost nothing, a model costs about what parsing it again does.
+        return Entry, (self.seq, self.kind, self.t, self.body, self.row, None,
+                       self._in_body or self._record is not None)
 
 
 class Batch(NamedTuple):

@@ -164,9 +164,10 @@ class Store:
                 raise InvalidStream(f"records must be in increasing seq order "
                                     f"(seq {e.seq} after {prev})")
             prev = e.seq
-            if isinstance(e.record, Header):
-                header = e
-                if e.seq != 0 or e.record.run != batch.run or e.record.rank != batch.rank:
+            if e.kind == "header":
+                header, h = e, e.record
+                assert isinstance(h, Header)
+                if e.seq != 0 or h.run != batch.run or h.rank != batch.rank:
                     raise InvalidStream("a header must have seq 0 and the batch's run and "
                                         "rank")
         st = self._state(batch.run)
