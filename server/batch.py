@@ -5,9 +5,10 @@ Made once, where the frame was validated (:mod:`server.parsing`, possibly in a w
 process), and passed on as is: each record's JSON line to store, its step row for the
 columns and the plots, and the validated record itself where the writer reads one
 (headers, optimizers, stats, ends, and steps carrying a finding fact, the only steps the
-:class:`~gradwatch.verdict.Verdict` turns into findings). Named tuples, picklable for the
-parser processes: steps without a finding fact, the bulk of a run, cross as a string and a
-row of numbers.
+:class:`~gradwatch.verdict.Verdict` turns into findings). Picklable for the parser
+processes, where a record crosses as its JSON line only and is read back from it when
+storage asks for it; steps without a finding fact, the bulk of a run, cross as the line and
+a row of numbers.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ class Entry:
     @property
     def record(self) -> RecordModel | None:
         """The validated record, except for steps without a finding fact (``None``)."""
-        # Read back from the line after crossing a process boundary; not kept, so a
-        # batch of a thousand flagged steps holds no thousand models while it is stored.
+        # After crossing a process boundary: read back from the line, and not kept, so a
+        # stored batch of flagged steps holds no model per step for the garbage collector.
         return parse_record(self.body) if self._in_body else self._record
 
     def __reduce__(self) -> tuple[type[Entry], tuple[Any, ...]]:
