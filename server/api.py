@@ -1,6 +1,7 @@
 """REST routes under ``/api`` (all in the OpenAPI schema); thin wrappers over :class:`Runs`.
 
-Refusals of the core (:mod:`server.errors`) become HTTP statuses here (:data:`STATUS`).
+A refusal of the core (:mod:`server.errors`) becomes an HTTP status here: :func:`refused`,
+which ``create_app`` installs as the app's handler of :class:`Refused`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 from gradwatch.frames import ParamSeries, RunSummary, StepSeries, frame_json, json_schema
@@ -25,7 +26,13 @@ from gradwatch.wire import Finding
 router = APIRouter(prefix="/api")
 
 STATUS: dict[type[Refused], int] = {InvalidStream: 400, RunLimitReached: 429, StoreBusy: 503}
-"""The HTTP status that answers each refusal of the core."""
+"""The HTTP status that answers each refusal of the core (others: 400)."""
+
+
+async def refused(request: Request, exc: Exception) -> Response:
+    """The answer to a refusal: its status and ``{"detail": reason}``."""
+    assert isinstance(exc, Refused)
+    return JSONResponse({"detail": exc.reason}, status_code=STATUS.get(type(exc), 400))
 
 
 class RunList(BaseModel):
@@ -167,10 +174,7 @@ async def import_log(request: Request) -> Response:
         log = await asyncio.to_thread(_parse_log, data, name)
     except StepLogError as e:
         raise HTTPException(400, str(e)) from None
-    try:
-        run_id, n = await runs.import_log(log.header, log.records)
-    except Refused as e:
-        raise HTTPException(STATUS.get(type(e), 400), e.reason) from None
+    run_id, n = await runs.import_log(log.header, log.records)
     return _json(Imported(run=run_id, steps=n, warnings=log.warnings), 201)
 
 

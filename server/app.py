@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from gradwatch import __version__
 from gradwatch.server import api, web, ws
+from gradwatch.server.errors import Refused
 from gradwatch.server.runs import Runs
 from gradwatch.server.security import TokenMiddleware
 from gradwatch.server.settings import Settings
@@ -45,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok", "version": __version__}
 
     app.include_router(api.router)
+    app.add_exception_handler(Refused, api.refused)
     app.include_router(ws.router)
     web.mount(app)
     app.add_middleware(TokenMiddleware, settings=settings)
