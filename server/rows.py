@@ -50,6 +50,7 @@ KEEP_NONFINITE = ("norm", "drift")
 """Columns whose NaN or infinite value makes a row one to keep (a blow-up to see)."""
 
 _facts = attrgetter(*FINDING_FACTS)
+_measured = attrgetter(*KEEP_NONFINITE)
 
 
 def _nonfinite(x: float | None) -> bool:
@@ -62,8 +63,7 @@ def must_keep(r: Row) -> bool:
     True for a finding fact (:func:`gradwatch.verdict.carries_facts`), a skipped step, or a
     NaN or infinite ``norm`` or ``drift`` (:data:`KEEP_NONFINITE`).
     """
-    return (carries_facts(_facts(r)) or r.skipped or _nonfinite(r.norm)
-            or _nonfinite(r.drift))
+    return carries_facts(_facts(r)) or r.skipped or any(map(_nonfinite, _measured(r)))
 
 
 def reset_sig(resets: Iterable[tuple[str, int]]) -> str:
