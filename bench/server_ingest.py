@@ -32,7 +32,7 @@ from websockets.asyncio.client import connect as aconnect
 from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gradwatch.frames import Ack  # noqa: E402
+from gradwatch.frames import Ack, StepSeries, frame_json  # noqa: E402
 from gradwatch.wire import End, Header, IngestBatch, OptimizerInfo, Reset, Step  # noqa: E402
 from tests.serverproc import ServerProc  # noqa: E402
 
@@ -153,21 +153,22 @@ def pct(xs: list[float], q: float) -> float:
 
 def million(data: Path) -> tuple[float, float, float]:
     """Build a 1M-step run through the storage writer; time the dashboard's queries."""
-    from gradwatch.server.queries import Reader
+    from gradwatch.server.batch import batch_of
+    from gradwatch.server.reader import Reader
     from gradwatch.server.storage import Store
 
     store = Store(data)
     t = time.perf_counter()
     recs = records("million", 1_000_000)
     for i in range(0, len(recs), 5000):
-        store.ingest(IngestBatch(run="million", records=recs[i:i + 5000]))
+        store.ingest(batch_of(IngestBatch(run="million", records=recs[i:i + 5000])))
     build = time.perf_counter() - t
     store.close()
     reader = Reader(data)
     t = time.perf_counter()
     series = reader.steps("million", max_points=4000)
     assert series is not None and series.total == 1_000_000
-    series.model_dump_json()
+    frame_json(StepSeries, **series.columns())
     query = time.perf_counter() - t
     t = time.perf_counter()
     params = reader.params("million", "AdamW#0", max_points=500)

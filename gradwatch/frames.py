@@ -5,14 +5,15 @@ receives (``runs``, ``run``, ``snapshot``, ``steps``, ``findings``, ``optimizer`
 ``deleted``) are defined here once, each with a ``type`` field, so the server, the probe's
 streamer, replay and the tests build them from models instead of hand-built dicts. This
 module imports neither torch nor fastapi. :func:`json_schema` returns the schema of the
-whole protocol (records + frames) served at ``GET /api/schema``.
+whole protocol, served at ``GET /api/schema``; :func:`frame_json` serialises a frame from
+values the server already validated.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from gradwatch import wire
 from gradwatch.wire import Finding, Header, RunId
@@ -177,8 +178,41 @@ LIVE_FRAMES: tuple[type[_Frame], ...] = (RunsFrame, RunFrame, DeletedFrame, Snap
 INGEST_FRAMES: tuple[type[_Frame], ...] = (Hello, Ack, Resume)
 
 
+_FIELDS: dict[type[_Frame], tuple[str, ...]] = {}
+_VALUES: TypeAdapter[dict[str, Any]] = TypeAdapter(
+    dict[str, Any], config=ConfigDict(ser_json_inf_nan="strings"))
+
+
+def frame_json(frame: type[_Frame], /, **fields: Any) -> str:
+    """A frame's JSON, from values that were validated where they entered the server.
+
+    The text equals ``frame(**fields).model_dump_json()`` for valid fields (non-finite
+    floats as strings), without validating them again: the fields of a frame come from
+    records validated on ingest, or from the server's own database. ``type`` is filled in;
+    a nested frame may be a model or a dict of its fields (``StepSeries`` columns).
+
+    Raises:
+        TypeError: ``fields`` are not exactly the frame's fields (besides ``type``).
+    """
+    names = _FIELDS.get(frame)
+    if names is None:
+        names = _FIELDS[frame] = tuple(frame.model_fields)
+    given = {"type": frame.model_fields["type"].default, **fields} if "type" in names \
+        else fields
+    if len(given) != len(names) or not all(k in given for k in names):
+        raise TypeError(f"{frame.__name__} has fields {sorted(names)}, got {sorted(given)}")
+    return _VALUES.dump_json({k: given[k] for k in names}).decode()
+
+
 def json_schema() -> dict[str, Any]:
-    """JSON Schema of the whole protocol: wire records and every socket frame."""
+    """JSON Schema of the whole protocol, as ``GET /api/schema`` serves it.
+
+    Returns:
+        :func:`gradwatch.wire.json_schema` (``record``, ``ingest_batch``, ``finding``) plus
+        ``ingest_frames`` (Hello, Ack, Resume), ``live_frames`` (every frame of
+        ``/ws/live``) and ``shapes`` (RunSummary, OptimizerView, StepSeries, ParamSeries),
+        each keyed by model name.
+    """
     out = wire.json_schema()
     out["ingest_frames"] = {m.__name__: m.model_json_schema() for m in INGEST_FRAMES}
     out["live_frames"] = {m.__name__: m.model_json_schema() for m in LIVE_FRAMES}

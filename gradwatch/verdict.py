@@ -12,9 +12,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradwatch.wire import End, Finding, Header, OptimizerInfo, Stats, Step
+from gradwatch.wire import End, Finding, FindingKind, Header, OptimizerInfo, Stats, Step
 
-_FIX = {
+FINDING_FACTS: tuple[str, ...] = ("stale", "leaked", "late", "discarded")
+"""The per-step counts findings are made of, by name (``late`` counts ``Step.late_params``).
+
+The server's step rows and ``steps`` table use these names for the same counts.
+"""
+
+_FIX: dict[FindingKind, str] = {
     "missed_reset": (
         "Clear gradients once per optimizer step: call optimizer.zero_grad() before "
         "loss.backward() (or right after optimizer.step()), for every optimizer and "
@@ -36,16 +42,31 @@ _FIX = {
 }
 
 
-def has_finding_facts(step: Step) -> bool:
-    """Whether a step carries a fact that becomes a finding.
+def fact_counts(step: Step) -> tuple[int, int, int, int]:
+    """A step's :data:`FINDING_FACTS` counts, in that order."""
+    return step.stale, step.leaked, len(step.late_params), step.discarded
 
-    The server keeps only such steps as models for the judge; steps without one never
-    change findings.
+
+def carries_facts(counts: Iterable[int]) -> bool:
+    """Whether :data:`FINDING_FACTS` counts (never negative) hold a finding fact.
+
+    The one rule for "this step can become a finding": a step without one never changes
+    any finding, so the server feeds the :class:`Verdict` only steps with one.
     """
-    return bool(step.stale or step.leaked or step.late_params or step.discarded)
+    return any(counts)
 
 
-def _explain(kind: str, opt: str, n: int, first: int, stats: dict[str, int]) -> str:
+def has_finding_facts(step: Step) -> bool:
+    """Whether a step carries a finding fact (:func:`carries_facts` of its counts)."""
+    return carries_facts(fact_counts(step))
+
+
+def unnamed_param(index: int) -> str:
+    """The name a finding gives a parameter its optimizer record does not name."""
+    return f"param[{index}]"
+
+
+def _explain(kind: FindingKind, opt: str, n: int, first: int, stats: dict[str, int]) -> str:
     steps = f"{n} step{'s' if n != 1 else ''} from step {first}"
     if kind == "missed_reset":
         piled = stats.get("piled", 0)
@@ -73,7 +94,7 @@ def _explain(kind: str, opt: str, n: int, first: int, stats: dict[str, int]) -> 
 
 @dataclass
 class _Group:
-    kind: str
+    kind: FindingKind
     opt: str
     rank: int
     first_step: int
@@ -124,7 +145,7 @@ class Verdict:
                 self._max_drift, s.drift)
         if not has_finding_facts(s):
             return []
-        hits: list[tuple[str, list[int], str, int]] = []
+        hits: list[tuple[FindingKind, list[int], str, int]] = []
         if s.stale:
             hits.append(("missed_reset", s.stale_params, "stale", s.stale))
         if s.leaked:
@@ -154,9 +175,9 @@ class Verdict:
 
     def _finding(self, g: _Group) -> Finding:
         names = self._params.get((g.rank, g.opt)) or self._params.get((0, g.opt)) or []
-        params = [names[i] if i < len(names) else f"param[{i}]" for i in g.params]
+        params = [names[i] if i < len(names) else unnamed_param(i) for i in g.params]
         return Finding(
-            kind=g.kind,  # type: ignore[arg-type]
+            kind=g.kind,
             optimizer=g.opt,
             first_step=g.first_step,
             last_step=g.last_step,
@@ -173,7 +194,7 @@ class Verdict:
         return sorted(out, key=lambda f: (f.first_step, f.rank, f.optimizer, f.kind))
 
     def summary(self) -> dict[str, Any]:
-        """Run-level figures for ``check --json`` and the run list."""
+        """Run-level figures, as ``gradwatch check --json`` prints them."""
         by_kind: dict[str, int] = {}
         for g in self._groups.values():
             by_kind[g.kind] = by_kind.get(g.kind, 0) + 1

@@ -1,4 +1,8 @@
-"""REST routes under ``/api`` (all in the OpenAPI schema); thin wrappers over the core."""
+"""REST routes under ``/api`` (all in the OpenAPI schema); thin wrappers over :class:`Runs`.
+
+A refusal of the core (:mod:`server.errors`) becomes an HTTP status here: :func:`refused`,
+which ``create_app`` installs as the app's handler of :class:`Refused`.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +14,25 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
-from gradwatch.frames import ParamSeries, RunSummary, StepSeries, json_schema
-from gradwatch.server.service import Service
-from gradwatch.server.storage import IngestError
-from gradwatch.steplog import StepLogError, read_log
+from gradwatch.frames import ParamSeries, RunSummary, StepSeries, frame_json, json_schema
+from gradwatch.server.errors import InvalidStream, Refused, RunLimitReached, StoreBusy
+from gradwatch.server.runs import Runs
+from gradwatch.steplog import StepLog, StepLogError, read_log
 from gradwatch.wire import Finding
 
 router = APIRouter(prefix="/api")
+
+STATUS: dict[type[Refused], int] = {InvalidStream: 400, RunLimitReached: 429, StoreBusy: 503}
+"""The HTTP status that answers each refusal of the core (others: 400)."""
+
+
+async def refused(request: Request, exc: Exception) -> Response:
+    """The answer to a refusal: its status and ``{"detail": reason}``."""
+    assert isinstance(exc, Refused)
+    return JSONResponse({"detail": exc.reason}, status_code=STATUS.get(type(exc), 400))
 
 
 class RunList(BaseModel):
@@ -39,9 +52,9 @@ class Imported(BaseModel):
     warnings: list[str]
 
 
-def _svc(request: Request) -> Service:
-    svc: Service = request.app.state.service
-    return svc
+def _runs(request: Request) -> Runs:
+    runs: Runs = request.app.state.runs
+    return runs
 
 
 def _json(model: BaseModel, status: int = 200) -> Response:
@@ -62,13 +75,13 @@ async def schema() -> dict[str, Any]:
 @router.get("/runs", response_model=RunList, summary="Every run, newest first")
 async def runs(request: Request) -> Response:
     """Every run, newest first."""
-    return _json(RunList(runs=await asyncio.to_thread(_svc(request).reader.runs)))
+    return _json(RunList(runs=await asyncio.to_thread(_runs(request).reader.runs)))
 
 
 @router.get("/runs/{run_id}", summary="A run with its optimizers and header")
 async def run(run_id: str, request: Request) -> dict[str, Any]:
     """A run: its summary plus ``optimizers`` and ``header``."""
-    out = await asyncio.to_thread(_svc(request).reader.run, run_id)
+    out = await asyncio.to_thread(_runs(request).reader.run, run_id)
     if out is None:
         raise _missing(run_id)
     return out
@@ -80,11 +93,11 @@ async def steps(request: Request, run_id: str, start: int | None = None,
                 end: int | None = None, max_points: int = Query(4000, ge=10, le=100_000),
                 opt: str | None = None, rank: int | None = None) -> Response:
     """Step rows in [start, end], min/max-downsampled to ``max_points`` per (rank, opt)."""
-    out = await asyncio.to_thread(_svc(request).reader.steps, run_id, start, end,
+    out = await asyncio.to_thread(_runs(request).reader.steps, run_id, start, end,
                                   max_points, opt, rank)
     if out is None:
         raise _missing(run_id)
-    return _json(out)
+    return Response(frame_json(StepSeries, **out.columns()), media_type="application/json")
 
 
 @router.get("/runs/{run_id}/params", response_model=ParamSeries,
@@ -93,7 +106,7 @@ async def params(request: Request, run_id: str, opt: str, rank: int = 0,
                  start: int | None = None, end: int | None = None,
                  max_points: int = Query(500, ge=1, le=100_000)) -> Response:
     """Per-parameter norms; per bucket, the step with the largest total norm."""
-    out = await asyncio.to_thread(_svc(request).reader.params, run_id, opt, rank, start,
+    out = await asyncio.to_thread(_runs(request).reader.params, run_id, opt, rank, start,
                                   end, max_points)
     if out is None:
         raise HTTPException(404, f"no optimizer '{opt}' (rank {rank}) in run '{run_id}'")
@@ -103,8 +116,8 @@ async def params(request: Request, run_id: str, opt: str, rank: int = 0,
 @router.get("/runs/{run_id}/findings", response_model=FindingList,
             summary="Findings, as gradwatch check computes them")
 async def findings(run_id: str, request: Request) -> Response:
-    """Findings, grouped by the same Verdict as ``gradwatch check``."""
-    out = await asyncio.to_thread(_svc(request).reader.findings, run_id)
+    """Findings, as the run's Verdict (the code of ``gradwatch check``) grouped them."""
+    out = await asyncio.to_thread(_runs(request).reader.findings, run_id)
     if out is None:
         raise _missing(run_id)
     return _json(FindingList(findings=out))
@@ -115,7 +128,7 @@ async def findings(run_id: str, request: Request) -> Response:
 async def export(run_id: str, request: Request, format: Literal["jsonl", "csv"] = "jsonl",
                  rank: int = 0) -> StreamingResponse:
     """The run as a step log (JSON Lines, one rank) or as CSV of step rows."""
-    reader = _svc(request).reader
+    reader = _runs(request).reader
     if format == "jsonl":
         lines = await asyncio.to_thread(reader.export_lines, run_id, rank)
         media, ext = "application/x-ndjson", "jsonl"
@@ -131,7 +144,7 @@ async def export(run_id: str, request: Request, format: Literal["jsonl", "csv"] 
 @router.delete("/runs/{run_id}", status_code=204, summary="Delete a run")
 async def delete(run_id: str, request: Request) -> Response:
     """Delete a run and everything stored for it."""
-    if not await _svc(request).delete(run_id):
+    if not await _runs(request).delete(run_id):
         raise _missing(run_id)
     return Response(status_code=204)
 
@@ -144,8 +157,8 @@ async def delete(run_id: str, request: Request) -> Response:
                      "file": {"type": "string", "format": "binary"}}}}}}})
 async def import_log(request: Request) -> Response:
     """Store an uploaded step log (body, or multipart field ``file``) as a new run."""
-    svc = _svc(request)
-    limit = svc.settings.max_import_bytes
+    runs = _runs(request)
+    limit = runs.settings.max_import_bytes
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -161,10 +174,7 @@ async def import_log(request: Request) -> Response:
         log = await asyncio.to_thread(_parse_log, data, name)
     except StepLogError as e:
         raise HTTPException(400, str(e)) from None
-    try:
-        run_id, n = await svc.import_log(log.header, log.records)
-    except IngestError as e:
-        raise HTTPException(429 if e.code == 1008 else 400, e.reason) from None
+    run_id, n = await runs.import_log(log.header, log.records)
     return _json(Imported(run=run_id, steps=n, warnings=log.warnings), 201)
 
 
@@ -179,7 +189,7 @@ def _multipart_file(ctype: str, body: bytes) -> tuple[str, bytes]:
     raise HTTPException(400, "multipart upload without a 'file' field")
 
 
-def _parse_log(data: bytes, name: str) -> Any:
+def _parse_log(data: bytes, name: str) -> StepLog:
     """The strict step-log reader over uploaded bytes; errors name ``name:line``."""
     # The reader works on files; the temporary file's name is ours, never the client's.
     with tempfile.TemporaryDirectory(prefix="gradwatch-import-") as d:

@@ -10,8 +10,9 @@ from fastapi import FastAPI
 
 from gradwatch import __version__
 from gradwatch.server import api, web, ws
+from gradwatch.server.errors import Refused
+from gradwatch.server.runs import Runs
 from gradwatch.server.security import TokenMiddleware
-from gradwatch.server.service import Service
 from gradwatch.server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -27,14 +28,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        svc = Service(settings)
-        svc.start()
-        app.state.service = svc
+        runs = Runs(settings)
+        runs.start()
+        app.state.runs = runs
         log.info("gradwatch server: data in %s", settings.data_dir)
         try:
             yield
         finally:
-            svc.close()
+            runs.close()
 
     app = FastAPI(title="gradwatch", version=__version__, lifespan=lifespan,
                   description="Live gradient-reset debugger: ingest, runs, steps, findings.")
@@ -45,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok", "version": __version__}
 
     app.include_router(api.router)
+    app.add_exception_handler(Refused, api.refused)
     app.include_router(ws.router)
     web.mount(app)
     app.add_middleware(TokenMiddleware, settings=settings)

@@ -19,8 +19,6 @@ from gradwatch.server.settings import Settings, default_data_dir, is_loopback
 log = logging.getLogger("gradwatch.server")
 
 
-
-
 def _parser() -> CommandParser:
     p = CommandParser(prog="gradwatch serve", description="Start the gradwatch server and "
                                                     "dashboard.")
@@ -91,7 +89,8 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
 
 def import_logs(settings: Settings, paths: Sequence[str]) -> int:
     """Store step logs as runs; 0, or 2 after printing why a log is invalid."""
-    from gradwatch.server.storage import IngestError, Store
+    from gradwatch.server.errors import Refused
+    from gradwatch.server.storage import Store
     from gradwatch.steplog import StepLogError, read_log
 
     logs = []
@@ -109,7 +108,7 @@ def import_logs(settings: Settings, paths: Sequence[str]) -> int:
                 print(f"gradwatch serve: warning: {w}", file=sys.stderr)
             try:
                 run_id, n = store.call(store.import_log, lg.header, lg.records)
-            except IngestError as e:
+            except Refused as e:
                 print(f"gradwatch serve: cannot import {path}: {e.reason}", file=sys.stderr)
                 return 2
             print(f"imported {path} as run {run_id} ({n} steps)")

@@ -2,10 +2,10 @@
 
 One database file (``gradwatch.db``, WAL mode) holds every run. Each record is stored
 once, by (run, rank, seq), as its JSON line; step records are also spread into columns for
-the plots (per-parameter norms stay in the record). ``step_agg`` holds, per
-:data:`CHUNK` consecutive steps of one (rank, opt), where the min/max of ``norm`` and
-``drift`` are, so a million-step run downsamples from ~16k pre-aggregated rows instead of
-scanning a million.
+the plots (per-parameter norms stay in the record; :mod:`server.steptable`). ``step_agg``
+holds, per :data:`CHUNK` consecutive steps of one (rank, opt), the downsampling bucket of
+those steps (:class:`server.downsampling.Bucket`), so a long series downsamples from one
+summary per chunk instead of every row.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ CREATE TABLE IF NOT EXISTS step_agg(
   mn_drift REAL, mn_drift_step INTEGER, mx_drift REAL, mx_drift_step INTEGER,
   flag_step INTEGER, odd_step INTEGER, sig TEXT,
   PRIMARY KEY(rid, rank, opt, chunk)) WITHOUT ROWID;
+-- step_agg: odd_step is the chunk's own odd-reset row; sig is {signature: [rows, first
+-- step]}, from which a bucket of several chunks finds its own.
 CREATE TABLE IF NOT EXISTS optimizers(
   rid INTEGER, rank INTEGER, opt TEXT, body TEXT NOT NULL,
   PRIMARY KEY(rid, rank, opt)) WITHOUT ROWID;
@@ -56,9 +58,9 @@ CREATE TABLE IF NOT EXISTS findings(
 RUN_TABLES = ("streams", "records", "steps", "series", "step_agg", "optimizers",
               "findings", "runs")
 
-# NaN is not a value SQLite can store (it becomes NULL), so the step columns keep a
-# bit per norm saying "this NULL was a NaN".
-NAN_NORM, NAN_FRESH, NAN_DRIFT = 1, 2, 4
+SUMMARY_VERSION = 2
+"""``PRAGMA user_version`` once ``step_agg`` holds summaries of the current form (version
+1 kept only each chunk's usual resets and took the latest step on a tie for a max)."""
 
 
 def connect(data_dir: Path, readonly: bool = False) -> sqlite3.Connection:
@@ -79,3 +81,15 @@ def connect(data_dir: Path, readonly: bool = False) -> sqlite3.Connection:
         conn.executescript(SCHEMA)
     conn.execute("PRAGMA cache_size=-65536")
     return conn
+
+
+def summaries_outdated(conn: sqlite3.Connection) -> bool:
+    """Whether ``step_agg`` holds summaries of an older form (to rebuild from ``steps``)."""
+    if conn.execute("PRAGMA user_version").fetchone()[0] >= SUMMARY_VERSION:
+        return False
+    return conn.execute("SELECT 1 FROM step_agg LIMIT 1").fetchone() is not None
+
+
+def mark_summaries_current(conn: sqlite3.Connection) -> None:
+    """Record that every ``step_agg`` row is of the current form."""
+    conn.execute(f"PRAGMA user_version={SUMMARY_VERSION}")

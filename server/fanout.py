@@ -1,11 +1,12 @@
 """Live fan-out: one bounded queue per dashboard client; a slow client never stalls others.
 
-Ingest publishes each stored batch once; the frame is serialised once and the same text is
-queued for every client watching that run. A client whose queue fills up gets its queued
-step frames merged and min/max-downsampled into one frame marked ``decimated`` (and only
-the latest run/findings frame kept); the route drops a client whose socket stays blocked.
-Run-list updates are rate-limited per run (trailing edge: the last state always arrives).
-Plain asyncio; no FastAPI.
+Ingest publishes each stored batch once; the frame is serialised once (from the stored
+rows, not validated again) and the same text is queued for every client watching that run.
+A client whose queue fills up gets its queued step frames merged and downsampled by the
+rule of :mod:`server.downsampling` into one frame marked ``decimated`` (and only the latest
+run/findings frame kept); the route drops a client whose socket stays blocked. Run-list
+updates are rate-limited per run (trailing edge: the last state always arrives). Plain
+asyncio; no FastAPI.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal
 
 from gradwatch.frames import (
     DeletedFrame,
@@ -24,8 +26,10 @@ from gradwatch.frames import (
     RunFrame,
     RunSummary,
     StepsFrame,
+    frame_json,
 )
-from gradwatch.server.series import Row, downsample, to_series
+from gradwatch.server.downsampling import downsample
+from gradwatch.server.rows import Row, SeriesRows
 from gradwatch.wire import Finding
 
 log = logging.getLogger(__name__)
@@ -35,7 +39,7 @@ log = logging.getLogger(__name__)
 class Item:
     """One queued frame: its text, plus its rows for a steps frame (to merge them)."""
 
-    kind: str
+    kind: Literal["steps", "findings", "optimizer", "run", "deleted"]
     text: str
     rows: list[Row] | None = None
 
@@ -74,8 +78,9 @@ class Client:
         self._items.clear()
         self._items.extend(keep)
         if rows and self.run is not None:
-            small, _ = downsample(rows, self.max_rows)
-            self._items.append(_steps_item(self.run, small, decimated=True))
+            small, bucket = downsample(rows, self.max_rows)
+            self._items.append(_steps_item(self.run, small, decimated=True, bucket=bucket,
+                                           total=len(rows)))
         self._items.extend(last.values())
         self.decimated += 1
         while len(self._items) >= self.max_items:  # only if flooded with other frames
@@ -112,11 +117,13 @@ class Client:
         return out
 
 
-def _steps_item(run: str, rows: list[Row], decimated: bool) -> Item:
+def _steps_item(run: str, rows: list[Row], decimated: bool, bucket: int = 1,
+                total: int | None = None) -> Item:
     rows = sorted(rows, key=lambda r: (r.rank, r.opt, r.step))
-    series = to_series(rows, downsampled=decimated)
-    text = StepsFrame(run=run, steps=series, decimated=decimated).model_dump_json()
-    return Item("steps", text, rows)
+    series = SeriesRows(rows, bucket, decimated, len(rows) if total is None else total
+                        ).columns()
+    return Item("steps", frame_json(StepsFrame, run=run, steps=series, decimated=decimated),
+                rows)
 
 
 class Hub:

@@ -1,9 +1,11 @@
 """In-memory state of a run while it is being written: counters, streams and its Verdict.
 
 The storage writer keeps one :class:`RunState` per recently written run. After a restart
-the state is rebuilt from the database: counters from ``runs``/``streams``, and the
-:class:`~gradwatch.verdict.Verdict` by feeding it the header, the optimizers and only the
-step records that carry a finding fact (the only steps that change findings).
+the state is rebuilt from the database: counters from ``runs``/``streams``, chunk progress
+from ``series``, and the :class:`~gradwatch.verdict.Verdict` by feeding it the header, the
+optimizers, stats, ends and only the step records that carry a finding fact (the only
+steps that change findings). Stored records are validated again as they are read back: the
+database may have been written by another gradwatch version.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import sqlite3
 from dataclasses import dataclass, field
 
 from gradwatch.frames import RunStatus, RunSummary
-from gradwatch.server.series import Row
+from gradwatch.server.chunks import ChunkSummaries
+from gradwatch.server.steptable import FACTS_SQL
 from gradwatch.verdict import Verdict
 from gradwatch.wire import Header, parse_record
 
@@ -30,21 +33,16 @@ class RunState:
     updated: float
     torch_version: str
     world_size: int
+    chunks: ChunkSummaries
+    """Its series' chunk summaries (``step_agg``)."""
     steps: int = 0
     ranks: list[int] = field(default_factory=list)
     optimizers: list[str] = field(default_factory=list)
     max_seq: dict[int, int] = field(default_factory=dict)
     ended: dict[int, str] = field(default_factory=dict)
     dropped: dict[int, int] = field(default_factory=dict)
-    next_chunk: dict[tuple[int, str], int] = field(default_factory=dict)
     finding_keys: set[tuple[int, str, str]] = field(default_factory=set)
     verdict: Verdict = field(default_factory=Verdict)
-    chunk_rows: dict[tuple[int, str], tuple[int, list[Row], bool]] = field(
-        default_factory=dict)
-    """Per (rank, opt): the open chunk, its rows so far, and whether rows stored before a
-    restart may be missing from them (then its summary is read from the database)."""
-    loaded: bool = False
-    """Rebuilt from the database (not created by this process)."""
 
     def summary(self) -> RunSummary:
         """The run as the run list shows it."""
@@ -72,7 +70,8 @@ def new_state(rid: int, header: Header, name: str | None = None) -> RunState:
     """State of a run created from its first header."""
     return RunState(rid=rid, id=header.run, name=name or header.run_name or header.run,
                     status="live", started=header.started, updated=header.t,
-                    torch_version=header.torch_version, world_size=header.world_size)
+                    torch_version=header.torch_version, world_size=header.world_size,
+                    chunks=ChunkSummaries(rid))
 
 
 def load_state(conn: sqlite3.Connection, run_id: str) -> RunState | None:
@@ -82,19 +81,19 @@ def load_state(conn: sqlite3.Connection, run_id: str) -> RunState | None:
         "torch_version, world_size, header FROM runs WHERE id=?", (run_id,)).fetchone()
     if row is None:
         return None
-    st = RunState(rid=row[0], id=row[1], name=row[2], status=row[3], started=row[4],
+    rid = row[0]
+    nxt = {(rank, opt): c for rank, opt, c in conn.execute(
+        "SELECT rank, opt, next_chunk FROM series WHERE rid=?", (rid,))}
+    st = RunState(rid=rid, id=row[1], name=row[2], status=row[3], started=row[4],
                   updated=row[5], torch_version=row[9], world_size=row[10], steps=row[6],
-                  ranks=json.loads(row[7]), optimizers=json.loads(row[8]), loaded=True)
-    rid = st.rid
+                  ranks=json.loads(row[7]), optimizers=json.loads(row[8]),
+                  chunks=ChunkSummaries(rid, nxt, loaded=True))
     for rank, max_seq, ended, dropped in conn.execute(
             "SELECT rank, max_seq, ended, dropped FROM streams WHERE rid=?", (rid,)):
         st.max_seq[rank] = max_seq
         st.dropped[rank] = dropped
         if ended:
             st.ended[rank] = ended
-    for rank, opt, nxt in conn.execute(
-            "SELECT rank, opt, next_chunk FROM series WHERE rid=?", (rid,)):
-        st.next_chunk[(rank, opt)] = nxt
     for rank, opt, kind in conn.execute(
             "SELECT rank, opt, kind FROM findings WHERE rid=?", (rid,)):
         st.finding_keys.add((rank, opt, kind))
@@ -105,7 +104,7 @@ def load_state(conn: sqlite3.Connection, run_id: str) -> RunState | None:
         st.verdict.feed(parse_record(body), rank)
     for rank, body in conn.execute(
             "SELECT r.rank, r.body FROM steps s JOIN records r ON r.rid=s.rid AND "
-            "r.rank=s.rank AND r.seq=s.seq WHERE s.rid=? AND (s.stale>0 OR s.leaked>0 OR "
-            "s.late>0 OR s.discarded>0) ORDER BY s.rank, s.seq", (rid,)):
+            f"r.rank=s.rank AND r.seq=s.seq WHERE s.rid=? AND {FACTS_SQL} "
+            "ORDER BY s.rank, s.seq", (rid,)):
         st.verdict.feed(parse_record(body), rank)
     return st

@@ -40,7 +40,10 @@ class Settings:
             its run reads as interrupted.
         live_queue: frames queued per live client before its steps get decimated.
         send_timeout: seconds a live client's socket may stay blocked before it is dropped.
+        summary_interval: least seconds between two run-list updates of one run.
         allowed_origins: extra browser origins allowed on websockets (besides same-origin).
+        parse_processes: worker processes validating ingest frames (0: one thread;
+            ``gradwatch serve`` uses 1).
     """
 
     host: str = "127.0.0.1"
@@ -58,4 +61,3 @@ class Settings:
     summary_interval: float = 0.25
     allowed_origins: tuple[str, ...] = ()
     parse_processes: int = 0
-    """Worker processes validating ingest frames (0: a thread; ``gradwatch serve``: 1)."""

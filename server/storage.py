@@ -3,7 +3,8 @@
 Routes hand work to it with :meth:`Store.submit` (a :class:`concurrent.futures.Future` the
 event loop can await), so SQLite never blocks the event loop and every ingest batch is one
 transaction: a batch is stored whole or not at all. Records are stored once by
-(run, rank, seq); a resend is ignored record by record. Plain module: no FastAPI.
+(run, rank, seq); a resend is ignored record by record. Refusals are the domain errors of
+:mod:`server.errors`. Plain module: no FastAPI.
 """
 
 from __future__ import annotations
@@ -14,48 +15,22 @@ import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gradwatch.frames import OptimizerView, RunSummary
-from gradwatch.server import db
-from gradwatch.server.digest import Digest, digest, digest_records
+from gradwatch.frames import RunSummary
+from gradwatch.server import chunks, db
+from gradwatch.server.batch import Batch, Entry, IngestResult, RecordModel, batch_of_records
+from gradwatch.server.errors import InvalidStream, RunLimitReached, StoreBusy
 from gradwatch.server.runstate import RunState, load_state, new_state
-from gradwatch.server.series import Row
-from gradwatch.server.writes import write_records
-from gradwatch.wire import Finding, Header, IngestBatch, parse_record
+from gradwatch.server.writes import write_batch
+from gradwatch.wire import Header
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-
-class IngestError(Exception):
-    """A batch that must be refused; ``code`` is the websocket close code to answer."""
-
-    def __init__(self, code: int, reason: str):
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
-
-
-class StoreBusy(Exception):
-    """The writer's queue is full: the caller should back off."""
-
-
-@dataclass
-class IngestResult:
-    """What one stored batch changed, for the ack and the live fan-out."""
-
-    run: str
-    rank: int
-    ack: int
-    new_run: bool = False
-    stored: int = 0
-    rows: list[Row] = field(default_factory=list)
-    optimizers: list[OptimizerView] = field(default_factory=list)
-    findings: list[Finding] | None = None
-    summary: RunSummary | None = None
+_IMPORT_BATCH = 5000
+"""Records per transaction when a step log is imported."""
 
 
 class Store:
@@ -70,7 +45,8 @@ class Store:
     def __init__(self, data_dir: Path, max_runs: int = 1000, queue_size: int = 256):
         self.data_dir = data_dir
         self.max_runs = max_runs
-        self._jobs: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._jobs: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], cf.Future[Any]]
+                                | None] = queue.Queue(maxsize=queue_size)
         self._states: OrderedDict[str, RunState] = OrderedDict()
         self._thread: threading.Thread | None = None
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -86,6 +62,10 @@ class Store:
             "UPDATE runs SET status='interrupted' WHERE status='live'").rowcount
         if n:
             log.info("marked %d run(s) that were live at shutdown as interrupted", n)
+        if db.summaries_outdated(self._conn):
+            log.info("rebuilding the step summaries an older gradwatch wrote...")
+            log.info("rebuilt %d step summaries", chunks.rebuild(self._conn))
+        db.mark_summaries_current(self._conn)
 
     # -- thread plumbing -------------------------------------------------------------
     def start(self) -> None:
@@ -167,62 +147,66 @@ class Store:
         self._states.move_to_end(run_id)
         return st
 
-    def ingest(self, batch: IngestBatch | Digest, name: str | None = None) -> IngestResult:
+    def ingest(self, batch: Batch, name: str | None = None) -> IngestResult:
         """Store one batch (whole or not at all) and report what changed.
 
+        Args:
+            name: the display name of a run this batch creates (default: the header's).
         Raises:
-            IngestError: the batch breaks the stream rules or a limit.
+            InvalidStream: the batch breaks the stream rules (nothing stored).
+            RunLimitReached: the batch would create a run beyond ``max_runs``.
         """
-        d = batch if isinstance(batch, Digest) else digest(batch)
-        items = d.items
+        entries = batch.entries
         prev = -1
-        header: Header | None = None
-        for it in items:
-            if it.seq <= prev:
-                raise IngestError(1007, f"records must be in increasing seq order "
-                                        f"(seq {it.seq} after {prev})")
-            prev = it.seq
-            if it.kind == "header":
-                header = parse_record(it.body)
-                if it.seq != 0 or header.run != d.run or header.rank != d.rank:
-                    raise IngestError(1007, "a header must have seq 0 and the batch's run "
-                                            "and rank")
-        st = self._state(d.run)
-        starts = bool(items) and items[0].kind == "header"
-        if (st is None or d.rank not in st.max_seq) and not starts:
-            if not items:
-                return IngestResult(d.run, d.rank, -1)
-            raise IngestError(1007, f"unknown stream {d.run}/{d.rank}: its first "
-                                    f"batch must start with its header (seq 0)")
+        header: Entry | None = None
+        for e in entries:
+            if e.seq <= prev:
+                raise InvalidStream(f"records must be in increasing seq order "
+                                    f"(seq {e.seq} after {prev})")
+            prev = e.seq
+            if e.kind == "header":
+                header, h = e, e.record
+                assert isinstance(h, Header)
+                if e.seq != 0 or h.run != batch.run or h.rank != batch.rank:
+                    raise InvalidStream("a header must have seq 0 and the batch's run and "
+                                        "rank")
+        st = self._state(batch.run)
+        starts = bool(entries) and entries[0].kind == "header"
+        if (st is None or batch.rank not in st.max_seq) and not starts:
+            if not entries:
+                return IngestResult(batch.run, batch.rank, -1)
+            raise InvalidStream(f"unknown stream {batch.run}/{batch.rank}: its first batch "
+                                f"must start with its header (seq 0)")
         if st is None:
             n = self._conn.execute("SELECT count(*) FROM runs").fetchone()[0]
             if n >= self.max_runs:
-                raise IngestError(1008, f"run limit reached ({self.max_runs} runs); "
-                                        f"delete runs to make room")
-        res = IngestResult(d.run, d.rank, -1)
+                raise RunLimitReached(f"run limit reached ({self.max_runs} runs); delete "
+                                      f"runs to make room")
+        res = IngestResult(batch.run, batch.rank, -1)
         self._conn.execute("BEGIN")
         try:
             if st is None:
-                assert header is not None  # checked above
+                assert header is not None  # a stream's first batch starts with it: above
                 st = self._create(header, name)
                 res.new_run = True
-            write_records(self._conn, st, d.rank, items, res)
+            write_batch(self._conn, st, batch, res)
             self._conn.execute("COMMIT")
         except BaseException:
             self._conn.execute("ROLLBACK")
-            self._states.pop(d.run, None)  # its verdict saw rolled-back records
+            self._states.pop(batch.run, None)  # its verdict saw rolled-back records
             raise
-        res.ack = st.max_seq.get(d.rank, -1)
+        res.ack = st.max_seq.get(batch.rank, -1)
         res.summary = st.summary()
         return res
 
-    def _create(self, header: Header, name: str | None) -> RunState:
+    def _create(self, entry: Entry, name: str | None) -> RunState:
+        header = entry.record
+        assert isinstance(header, Header)
         cur = self._conn.execute(
             "INSERT INTO runs(id, name, status, started, updated, torch_version, "
             "world_size, header) VALUES(?,?,?,?,?,?,?,?)",
             (header.run, name or header.run_name or header.run, "live", header.started,
-             header.t, header.torch_version, header.world_size,
-             header.model_dump_json(exclude_none=True)))
+             header.t, header.torch_version, header.world_size, entry.body))
         assert cur.lastrowid is not None
         st = new_state(cur.lastrowid, header, name)
         self._states[header.run] = st
@@ -262,21 +246,23 @@ class Store:
             cand = f"{base}-{n}"
         return cand
 
-    def import_log(self, header: Header, records: list[Any],
+    def import_log(self, header: Header, records: list[RecordModel],
                    name: str | None = None) -> tuple[str, int]:
-        """Store a whole step log as a new run (a fresh id if the log's is taken).
+        """Store a whole, validated step log as a new run (a fresh id if the log's is taken).
 
         Returns:
             The run id and the number of step records stored.
         Raises:
-            IngestError: the run limit is reached.
+            RunLimitReached: the server holds ``max_runs`` runs already.
+            InvalidStream: the log's records are out of seq order.
         """
         run_id = self.free_id(header.run)
         header = header.model_copy(update={"run": run_id})
-        recs: list[Any] = [header, *records]
+        recs: list[RecordModel] = [header, *records]
         steps = 0
-        for i in range(0, len(recs), 5000):
-            res = self.ingest(digest_records(run_id, header.rank, recs[i:i + 5000]), name)
+        for i in range(0, len(recs), _IMPORT_BATCH):
+            res = self.ingest(batch_of_records(run_id, header.rank,
+                                               recs[i:i + _IMPORT_BATCH]), name)
             steps += len(res.rows)
         st = self._state(run_id)
         if st is not None and st.status == "live":

@@ -1,205 +1,95 @@
 """Websocket routes: ``/ws/ingest`` (probes, replay) and ``/ws/live`` (dashboards).
 
-Thin: they check the handshake, then hand frames to :mod:`server.ingest` and
-:class:`server.service.Service`, and turn errors into close codes (see API.md).
+Thin: they check the handshake, then hand an ingest connection to
+:class:`server.ws_ingest.IngestSession` or pump a live client's queue
+(:mod:`server.fanout`). Close codes are :mod:`server.ws_close`'s (see API.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures as cf
 import contextlib
 import logging
 import sys
-from typing import Any
 
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 
-from gradwatch.frames import Ack, Hello, Resume, RunsFrame, SnapshotFrame
+from gradwatch.frames import RunsFrame, SnapshotFrame, frame_json
+from gradwatch.server import ws_close
 from gradwatch.server.fanout import Client
-from gradwatch.server.ingest import (
-    CLOSE_NO_RUN,
-    CLOSE_POLICY,
-    CLOSE_TRY_LATER,
-    CLOSE_UNSUPPORTED,
-    FrameError,
-    RateLimiter,
-    check_size,
-    short,
-)
+from gradwatch.server.runs import Runs
 from gradwatch.server.security import origin_ok, token_ok
-from gradwatch.server.service import Service
-from gradwatch.server.storage import IngestError, StoreBusy
+from gradwatch.server.ws_ingest import IngestSession
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-async def _guard(ws: WebSocket) -> Service | None:
+async def _guard(ws: WebSocket) -> Runs | None:
     """Refuse a handshake with a foreign Origin or without the token (→ HTTP 403)."""
-    svc: Service = ws.app.state.service
-    if not origin_ok(svc.settings, ws.headers):
+    runs: Runs = ws.app.state.runs
+    if not origin_ok(runs.settings, ws.headers):
         log.warning("refused websocket %s from foreign origin %r", ws.url.path,
                     ws.headers.get("origin"))
-        await ws.close(CLOSE_POLICY, "origin not allowed")
+        await ws.close(ws_close.POLICY, "origin not allowed")
         return None
-    if not token_ok(svc.settings, ws.headers, ws.query_params):
-        await ws.close(CLOSE_POLICY, "this server requires a token")
+    if not token_ok(runs.settings, ws.headers, ws.query_params):
+        await ws.close(ws_close.POLICY, "this server requires a token")
         return None
-    return svc
+    return runs
 
 
 @router.websocket("/ws/ingest")
 async def ingest(ws: WebSocket) -> None:
     """Receive IngestBatch frames; ack each stored batch (see API.md)."""
-    svc = await _guard(ws)
-    if svc is None:
+    runs = await _guard(ws)
+    if runs is None:
         return
     await ws.accept()
-    await _IngestSession(ws, svc).run()
-
-
-class _IngestSession:
-    """One ingest connection, pipelined: frame k+1 is read and validated while frame k is
-    being stored; acks go out in order. The first bad frame closes the connection after
-    the valid frames before it are stored and acked."""
-
-    PIPELINE = 4
-
-    def __init__(self, ws: WebSocket, svc: Service):
-        self.ws, self.svc = ws, svc
-        self.limiter = RateLimiter(svc.settings.max_msgs_per_sec)
-        self.pending: asyncio.Queue[tuple[Any, Any] | None] = asyncio.Queue(self.PIPELINE)
-        self.runs: set[str] = set()
-
-    async def run(self) -> None:
-        acker = asyncio.create_task(self._acks())
-        receiver = asyncio.create_task(self._receive())
-        try:
-            await asyncio.wait({acker, receiver}, return_when=asyncio.FIRST_COMPLETED)
-            if not receiver.done():  # the acker stopped on a refused batch
-                receiver.cancel()
-            err = await _quiet(receiver)
-            if err is not None or not acker.done():
-                await self.pending.put(None)  # let the valid frames before it finish
-            refused = await _quiet(acker)
-            err = refused or err
-            if err is not None:
-                log.info("ingest: closing connection: %s (%d)", err.reason, err.code)
-                with contextlib.suppress(Exception):
-                    await self.ws.close(err.code, err.reason)
-        finally:
-            for run in self.runs:
-                self.svc.tracker.disconnect(run)
-
-    async def _receive(self) -> FrameError | None:
-        """Read frames until the client leaves (None) or sends a bad one (the error)."""
-        s = self.svc.settings
-        try:
-            while True:
-                msg = await self.ws.receive()
-                if msg["type"] == "websocket.disconnect":
-                    return None
-                text = msg.get("text")
-                if text is None:
-                    raise FrameError(CLOSE_UNSUPPORTED, "binary frames are not supported; "
-                                                        "send JSON text frames")
-                check_size(text, s.max_frame_bytes)
-                if not self.limiter.allow():
-                    raise FrameError(CLOSE_TRY_LATER, f"rate limit: more than "
-                                                      f"{s.max_msgs_per_sec:g} frames/s")
-                kind, frame = await self.svc.parse(text)
-                if kind == "error":
-                    raise FrameError(*frame)
-                job: cf.Future[Any]
-                try:
-                    if kind == "hello":
-                        job = self.svc.store.submit(self.svc.store.resume_seq, frame.run,
-                                                    frame.rank)
-                    else:
-                        if frame.run not in self.runs:
-                            self.runs.add(frame.run)
-                            self.svc.tracker.connect(frame.run)
-                        job = self.svc.store.submit(self.svc.store.ingest, frame)
-                except StoreBusy as e:
-                    raise FrameError(CLOSE_TRY_LATER, str(e)) from None
-                await self.pending.put((frame, asyncio.wrap_future(job)))
-        except FrameError as e:
-            return e
-        except WebSocketDisconnect:
-            return None
-
-    async def _acks(self) -> FrameError | None:
-        """Await stored batches in order; ack and publish each, stop at a refused one."""
-        while True:
-            item = await self.pending.get()
-            if item is None:
-                return None
-            frame, job = item
-            try:
-                result = await job
-            except IngestError as e:
-                return FrameError(e.code, e.reason)
-            if isinstance(frame, Hello):
-                text = Resume(run=frame.run, rank=frame.rank, seq=result).model_dump_json()
-            else:
-                self.svc.publish(result)
-                text = Ack(run=result.run, rank=result.rank, seq=result.ack).model_dump_json()
-            try:
-                await self.ws.send_text(text)
-            except (WebSocketDisconnect, RuntimeError):
-                return None
-
-
-async def _quiet(task: asyncio.Task[Any]) -> Any:
-    """A finished (or cancelled) task's result, ``None`` if it was cancelled."""
-    try:
-        return await task
-    except asyncio.CancelledError:
-        return None
+    await IngestSession(ws, runs).run()
 
 
 @router.websocket("/ws/live")
 async def live(ws: WebSocket, run: str | None = None,
                max_points: int = Query(4000, ge=10, le=100_000)) -> None:
     """Run list (no ``run``) or one run's snapshot then live frames (see API.md)."""
-    svc = await _guard(ws)
-    if svc is None:
+    runs = await _guard(ws)
+    if runs is None:
         return
     await ws.accept()
-    client = svc.hub.subscribe(run)
+    client = runs.hub.subscribe(run)
     if client is None:
-        await ws.close(CLOSE_TRY_LATER, "too many live clients; retry later")
+        await ws.close(ws_close.TRY_LATER, "too many live clients; retry later")
         return
     try:
         if run is None:
-            runs = await asyncio.to_thread(svc.reader.runs)
-            await ws.send_text(RunsFrame(runs=runs).model_dump_json())
+            every = await asyncio.to_thread(runs.reader.runs)
+            await ws.send_text(RunsFrame(runs=every).model_dump_json())
         else:
-            snap = await asyncio.to_thread(_snapshot, svc, run, max_points)
+            snap = await asyncio.to_thread(_snapshot, runs, run, max_points)
             if snap is None:
-                await ws.close(CLOSE_NO_RUN, short(f"no run '{run}'"))
+                await ws.close(ws_close.NO_RUN, ws_close.short(f"no run '{run}'"))
                 return
-            client.skip_until, frame = snap
-            await ws.send_text(frame.model_dump_json())
-        await _pump(ws, client, svc.settings.send_timeout)
+            client.skip_until, text = snap
+            await ws.send_text(text)
+        await _pump(ws, client, runs.settings.send_timeout)
     finally:
-        svc.hub.unsubscribe(client)
+        runs.hub.unsubscribe(client)
 
 
-def _snapshot(svc: Service, run: str, max_points: int
-              ) -> tuple[dict[tuple[int, str], int], SnapshotFrame] | None:
-    summary = svc.reader.summary(run)
+def _snapshot(runs: Runs, run: str, max_points: int
+              ) -> tuple[dict[tuple[int, str], int], str] | None:
+    """The snapshot frame's text, and per (rank, opt) the last step it holds."""
+    summary = runs.reader.summary(run)
     if summary is None:
         return None
     last: dict[tuple[int, str], int] = {}
-    steps = svc.reader.steps(run, max_points=max_points, last=last)
-    findings = svc.reader.findings(run) or []
+    steps = runs.reader.steps(run, max_points=max_points, last=last)
+    findings = runs.reader.findings(run) or []
     if steps is None:
         return None
-    frame = SnapshotFrame(run=summary, optimizers=svc.reader.optimizers(run), steps=steps,
-                          findings=findings)
-    return last, frame
+    return last, frame_json(SnapshotFrame, run=summary, optimizers=runs.reader.optimizers(run),
+                            steps=steps.columns(), findings=findings)
 
 
 async def _send(ws: WebSocket, text: str, timeout: float) -> None:
@@ -228,7 +118,7 @@ async def _pump(ws: WebSocket, client: Client, send_timeout: float) -> None:
                     log.warning("live client too slow (blocked %.0fs); dropping it",
                                 send_timeout)
                     with contextlib.suppress(Exception):
-                        await ws.close(CLOSE_TRY_LATER, "too slow: dropped")
+                        await ws.close(ws_close.TRY_LATER, "too slow: dropped")
                     return
 
     tasks = {asyncio.create_task(drain_incoming()), asyncio.create_task(send_frames())}

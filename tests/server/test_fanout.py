@@ -9,7 +9,7 @@ import synth
 
 from gradwatch.frames import RunSummary
 from gradwatch.server.fanout import Hub
-from gradwatch.server.series import row_from_step
+from gradwatch.server.rows import row_from_step
 
 
 def rows(lo: int, hi: int) -> list:
@@ -50,6 +50,9 @@ async def test_decimation_keeps_spikes() -> None:
     frames = [json.loads(t) for t in await c.next()]
     steps = [s for f in frames for s in f["steps"]["step"]]
     assert 617 in steps
+    decimated = [f["steps"] for f in frames if f["decimated"]]
+    assert decimated and all(d["downsampled"] and d["bucket"] > 1 for d in decimated)
+    assert all(d["total"] > len(d["step"]) for d in decimated)
 
 
 async def test_summaries_are_rate_limited_but_the_last_one_arrives() -> None:

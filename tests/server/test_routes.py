@@ -13,6 +13,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from gradwatch.frames import Hello
 from gradwatch.server import Settings, create_app
+from gradwatch.server.errors import StoreBusy
 from gradwatch.steplog import read_log
 from gradwatch.verdict import verdict_of
 from gradwatch.wire import IngestBatch
@@ -264,3 +265,22 @@ def test_several_runs_stream_at_once(client: TestClient) -> None:
     runs = {r["id"]: r for r in client.get("/api/runs").json()["runs"]}
     assert runs["a"]["steps"] == 50 and runs["b"]["steps"] == 70
     assert runs["a"]["findings"] == 1 and runs["b"]["findings"] == 0
+
+
+def test_busy_storage_answers_503_and_a_full_run_list_429(tmp_path: Path) -> None:
+    with TestClient(create_app(Settings(data_dir=tmp_path, max_runs=1))) as client:
+        text = synth.log_text(synth.records(steps=3))
+        assert client.post("/api/runs/import", content=text).status_code == 201
+        r = client.post("/api/runs/import", content=text)
+        assert r.status_code == 429 and "run limit" in r.json()["detail"]
+        store = client.app.state.runs.store  # type: ignore[attr-defined]
+
+        def busy(*_: object) -> None:
+            raise StoreBusy("the server's storage is busy; retry later")
+
+        store.submit = busy  # as when its queue is full
+        for r in (client.delete("/api/runs/run1"),
+                  client.post("/api/runs/import", content=text)):
+            assert r.status_code == 503 and "retry later" in r.json()["detail"]
+        del store.submit
+        assert client.get("/api/runs/run1").status_code == 200  # nothing was lost

@@ -9,7 +9,7 @@ import { FindingsPanel } from "./findings.js";
 import { count, fmt, setText } from "./format.js";
 import { ParamsView } from "./params.js";
 import { Player } from "./player.js";
-import { ingest } from "./series.js";
+import { appendRows, ingest } from "./series.js";
 import { renderSummary, showToast } from "./summary.js";
 import { LiveSocket } from "./socket.js";
 
@@ -214,7 +214,7 @@ export class RunView {
         if (!f || range) continue;
         for (let i = 0; i < s.length; i++) {
           if (s.step[i] > f.lastStep) {
-            ingest(rowsOf(s, i), fresh);
+            appendRows(s, i, fresh);
             break;
           }
         }
@@ -322,15 +322,4 @@ function freshControls() {
   }
   const thead = $("params-table").tHead;
   thead.replaceWith(thead.cloneNode(true));
-}
-
-/** A one-row-per-index StepSeries view of rows [from, end) of a series (for re-ingest). */
-function rowsOf(s, from) {
-  const n = s.length - from;
-  return {
-    rank: new Array(n).fill(s.rank), opt: new Array(n).fill(s.opt), step: s.step.slice(from),
-    norm: s.norm.slice(from), fresh_norm: s.fresh.slice(from), drift: s.drift.slice(from),
-    stale: s.stale.slice(from), leaked: s.leaked.slice(from), late: s.late.slice(from),
-    discarded: s.discarded.slice(from), skipped: s.skipped.slice(from), resets: s.resets.slice(from),
-  };
 }

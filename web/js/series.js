@@ -3,16 +3,21 @@
  *
  * Rows come from the server's columnar StepSeries (snapshot, live `steps` frames, and
  * range re-fetches on zoom). What the charts draw is derived from these arrays, so the
- * chart and this store always agree. Long live runs are compacted here with the same rule
- * the server uses (min and max of norm and drift per step bucket, plus every flagged row),
- * so a spike or a stale step never disappears from view.
+ * chart and this store always agree. Two rules here mirror the server's, and a test holds
+ * both sides to one fixture (tests/server/rows_fixture.json): `mustKeep` is
+ * gradwatch.server.rows.must_keep, and `compact` downsamples a long live series by
+ * gradwatch.server.downsampling, so a spike or a stale step never disappears from view.
  */
 
-import { plottable } from "./format.js";
+import { num, plottable } from "./format.js";
 
 const COLUMNS = [
   "step", "norm", "fresh", "drift", "stale", "leaked", "late", "discarded", "skipped", "resets",
+  "keep",
 ];
+
+/** Rows a downsampling bucket keeps at most (the server's ROWS_PER_BUCKET). */
+export const ROWS_PER_BUCKET = 6;
 
 /** One (rank, optimizer) series: parallel arrays, one element per plotted step row. */
 export class Series {
@@ -45,11 +50,27 @@ export class Series {
     return lo;
   }
 
-  /** True when row i carries something the charts must keep visible. */
+  /** True when row i must never be lost (`mustKeep` of the row as it arrived). */
   flagged(i) {
-    return this.stale[i] > 0 || this.leaked[i] > 0 || this.late[i] > 0 || this.discarded[i] > 0 ||
-      this.skipped[i];
+    return this.keep[i];
   }
+}
+
+/**
+ * True when row i of a StepSeries (columns as on the wire) must never be lost, however it
+ * is downsampled: a finding fact (stale, leaked, late or discarded > 0), a skipped step, or
+ * a NaN or infinite norm or drift. The server's rule, gradwatch.server.rows.must_keep.
+ */
+export function mustKeep(ss, i) {
+  const count = (col) => (ss[col] ? Number(ss[col][i]) || 0 : 0);
+  return count("stale") > 0 || count("leaked") > 0 || count("late") > 0 ||
+    count("discarded") > 0 || !!(ss.skipped && ss.skipped[i]) ||
+    nonFinite(ss.norm[i]) || nonFinite(ss.drift[i]);
+}
+
+function nonFinite(v) {
+  const x = num(v);
+  return x !== null && !Number.isFinite(x);
 }
 
 export function seriesKey(rank, opt) {
@@ -93,76 +114,97 @@ export function ingest(ss, into) {
     s.discarded.push(ss.discarded ? ss.discarded[i] : 0);
     s.skipped.push(ss.skipped ? !!ss.skipped[i] : false);
     s.resets.push(ss.resets ? ss.resets[i] || [] : []);
+    s.keep.push(mustKeep(ss, i));
   }
   return { added, created };
 }
 
 /**
- * Downsample a series in place to about `target` rows: per bucket of steps keep the rows
- * holding the min and max of norm and of drift, and every flagged row or row with an
- * unusual reset. Returns true when rows were dropped.
+ * Append rows [from, end) of series `s` to its series in `into` (created if missing); rows
+ * at or before that series' last step are dropped, as `ingest` drops them.
  */
-export function compact(s, target) {
+export function appendRows(s, from, into) {
+  let t = into.get(s.key);
+  if (!t) {
+    t = new Series(s.rank, s.opt);
+    into.set(s.key, t);
+  }
+  for (let i = from; i < s.length; i++) {
+    if (s.step[i] <= t.lastStep) continue;
+    for (const c of COLUMNS) t[c].push(s[c][i]);
+  }
+}
+
+/** Steps per bucket so that the buckets over [lo, hi] keep at most `maxPoints` rows. */
+export function bucketSize(lo, hi, maxPoints) {
+  const buckets = Math.max(1, Math.floor(maxPoints / ROWS_PER_BUCKET));
+  return Math.max(1, Math.ceil((hi - lo + 1) / buckets));
+}
+
+/**
+ * Indices of the rows the server's downsampling keeps of a series with more than
+ * `maxPoints` rows (all of them otherwise): per bucket of `bucketSize` steps, the rows of
+ * the min and max finite norm and drift (the earliest on a tie), the first row that must be
+ * kept and the first row whose reset kinds differ from the bucket's usual ones (those most
+ * rows have; on a tie, those seen first); and the series' first and last rows.
+ */
+export function keptRows(s, maxPoints) {
   const n = s.length;
-  if (n <= target) return false;
-  const first = s.step[0], last = s.step[n - 1];
-  const buckets = Math.max(1, Math.floor(target / 4));
-  const width = Math.max(1, (last - first + 1) / buckets);
-  const keep = new Uint8Array(n);
-  const usual = dominantHow(s.resets);
+  if (n <= maxPoints) return Array.from({ length: n }, (_, i) => i);
+  const size = bucketSize(s.step[0], s.step[n - 1], maxPoints);
+  const keep = new Set([0, n - 1]);
   let start = 0;
   while (start < n) {
-    const b = Math.floor((s.step[start] - first) / width);
+    const k = Math.floor(s.step[start] / size);
     let end = start;
-    while (end < n && Math.floor((s.step[end] - first) / width) === b) end++;
-    let nMin = -1, nMax = -1, dMin = -1, dMax = -1;
-    // Flagged rows are kept, but at most the first and last of each kind per bucket: a
-    // run that is stale at every step must still compact.
-    let fFirst = -1, fLast = -1, rFirst = -1, rLast = -1;
-    for (let i = start; i < end; i++) {
-      const v = s.norm[i], d = s.drift[i];
-      if (v !== null) {
-        if (nMin < 0 || v < s.norm[nMin]) nMin = i;
-        if (nMax < 0 || v > s.norm[nMax]) nMax = i;
-      }
-      if (d !== null) {
-        if (dMin < 0 || d < s.drift[dMin]) dMin = i;
-        if (dMax < 0 || d > s.drift[dMax]) dMax = i;
-      }
-      if (s.flagged(i)) {
-        if (fFirst < 0) fFirst = i;
-        fLast = i;
-      }
-      if (unusualReset(s.resets[i], usual)) {
-        if (rFirst < 0) rFirst = i;
-        rLast = i;
-      }
-    }
-    for (const i of [start, nMin, nMax, dMin, dMax, fFirst, fLast, rFirst, rLast]) {
-      if (i >= 0) keep[i] = 1;
-    }
+    while (end < n && Math.floor(s.step[end] / size) === k) end++;
+    for (const i of bucketKeeps(s, start, end)) keep.add(i);
     start = end;
   }
-  keep[n - 1] = 1;
+  return [...keep].sort((a, b) => a - b);
+}
+
+function bucketKeeps(s, start, end) {
+  let nLo = -1, nHi = -1, dLo = -1, dHi = -1, flag = -1;
+  const sigs = new Map(); // reset kinds -> [rows, first index]
+  for (let i = start; i < end; i++) {
+    const v = s.norm[i], d = s.drift[i]; // plottable: null unless finite
+    if (v !== null) {
+      if (nLo < 0 || v < s.norm[nLo]) nLo = i;
+      if (nHi < 0 || v > s.norm[nHi]) nHi = i;
+    }
+    if (d !== null) {
+      if (dLo < 0 || d < s.drift[dLo]) dLo = i;
+      if (dHi < 0 || d > s.drift[dHi]) dHi = i;
+    }
+    if (flag < 0 && s.keep[i]) flag = i;
+    const sig = resetSig(s.resets[i]);
+    const seen = sigs.get(sig);
+    if (seen) seen[0]++;
+    else sigs.set(sig, [1, i]);
+  }
+  let usual = null;
+  for (const [sig, [count, first]] of sigs) {
+    if (usual === null || count > sigs.get(usual)[0] ||
+        (count === sigs.get(usual)[0] && first < sigs.get(usual)[1])) usual = sig;
+  }
+  let odd = -1;
+  for (const [sig, [, first]] of sigs) if (sig !== usual && (odd < 0 || first < odd)) odd = first;
+  return [nLo, nHi, dLo, dHi, flag, odd].filter((i) => i >= 0);
+}
+
+/** A row's kinds of reset, sorted and comma-joined (the server's reset_sig). */
+function resetSig(resets) {
+  return [...new Set((resets || []).map((r) => r.how))].sort().join(",");
+}
+
+/** Downsample a series in place by `keptRows`. Returns true when rows were dropped. */
+export function compact(s, target) {
+  const keep = keptRows(s, target);
+  if (keep.length === s.length) return false;
   for (const c of COLUMNS) {
     const src = s[c];
-    const dst = [];
-    for (let i = 0; i < n; i++) if (keep[i]) dst.push(src[i]);
-    s[c] = dst;
+    s[c] = keep.map((i) => src[i]);
   }
   return true;
-}
-
-function dominantHow(resetLists) {
-  const counts = new Map();
-  for (const list of resetLists) {
-    for (const r of list) counts.set(r.how, (counts.get(r.how) || 0) + 1);
-  }
-  let best = null, bestN = 0;
-  for (const [how, c] of counts) if (c > bestN) [best, bestN] = [how, c];
-  return best;
-}
-
-function unusualReset(resets, usual) {
-  return !!resets && resets.some((r) => r.how !== usual);
 }

@@ -1,31 +1,39 @@
-"""Downsampled reads of long series without scanning them.
+"""Downsampled reads of stored series, by the rule of :mod:`server.downsampling`.
 
-A million-step series is never read whole: its extent comes from two index lookups, its
-row count and per-bucket extremes from the ``step_agg`` chunk summaries (one row per
-:data:`~gradwatch.server.db.CHUNK` steps), and only the edges not covered by whole
-chunks are read row by row, as light tuples. Then just the kept rows are fetched whole.
+A long series is never read whole: its extent comes from two index lookups, its row count
+and the buckets from the ``step_agg`` chunk summaries (one per
+:data:`~server.db.CHUNK` steps), and only the edges not covered by whole summarised chunks
+are read row by row, as light tuples. Then just the kept rows are fetched whole. The
+answer is exactly :func:`server.downsampling.downsample` of the rows with
+``align=CHUNK`` (tests compare the two).
 """
 
 from __future__ import annotations
 
 import math
 import sqlite3
-from typing import Any
 
 from gradwatch.server import db
-from gradwatch.server.series import Row, bucket_size
-from gradwatch.server.writes import STEP_SELECT, read_rows, to_row
+from gradwatch.server.downsampling import Bucket, aligned, bucket_size
+from gradwatch.server.rows import Row, reset_sig
+from gradwatch.server.steptable import (
+    AGG_SELECT,
+    MUST_KEEP_SQL,
+    STEP_SELECT,
+    bucket_of,
+    read_rows,
+    resets_of,
+    to_row,
+)
 
 _KEY = "WHERE rid=? AND rank=? AND opt=? AND step BETWEEN ? AND ?"
-_LIGHT = ("SELECT step, norm, drift, nan, stale + leaked + late + discarded + skipped, "
-          "resets FROM steps " + _KEY + " ORDER BY step")
-_AGG = ("SELECT chunk, mn_norm, mn_norm_step, mx_norm, mx_norm_step, mn_drift, mn_drift_step, "
-        "mx_drift, mx_drift_step, flag_step, odd_step FROM step_agg WHERE rid=? AND rank=? "
-        "AND opt=? AND chunk BETWEEN ? AND ?")
-Cands = dict[int, dict[str, tuple[float, int]]]
+Key = tuple[int, int, str, int, int]
+"""(rid, rank, opt, lo, hi): one series' steps in [lo, hi], as :data:`_KEY` takes them."""
+_LIGHT = (f"SELECT step, norm, drift, {MUST_KEEP_SQL}, resets FROM steps {_KEY} "
+          f"ORDER BY step")
 
 
-def span(c: sqlite3.Connection, table: str, key: tuple[Any, ...]) -> tuple[int, int] | None:
+def span(c: sqlite3.Connection, table: str, key: Key) -> tuple[int, int] | None:
     """First and last step of ``table`` rows matching ``key`` (rid, rank, opt, lo, hi)."""
     first = c.execute(f"SELECT step FROM {table} {_KEY} ORDER BY step LIMIT 1", key).fetchone()
     if first is None:
@@ -63,23 +71,16 @@ def count(c: sqlite3.Connection, rid: int, rank: int, opt: str, smin: int, smax:
 
 
 def _plan(smin: int, smax: int, b: int, next_chunk: int
-          ) -> tuple[int, int, int, list[tuple[int, int]]]:
-    """Bucket size, summarised chunks to use and raw ranges to scan for [smin, smax].
+          ) -> tuple[int, int, list[tuple[int, int]]]:
+    """Summarised chunks to use and raw ranges to scan for buckets of ``b`` over [smin, smax].
 
-    Buckets of at least a chunk are rounded to whole chunks, so they read the chunk
-    summaries; only the edges outside whole chunks are scanned row by row.
+    Buckets of at least a chunk are whole chunks (``bucket_size(align=CHUNK)``), so they
+    read the chunk summaries; only the edges outside whole summarised chunks are scanned.
     """
     if b < db.CHUNK:
-        return b, 0, -1, [(smin, smax)]
-    b = math.ceil(b / db.CHUNK) * db.CHUNK
+        return 0, -1, [(smin, smax)]
     c_lo, c_hi = _chunks(smin, smax, next_chunk)
-    return b, c_lo, c_hi, _edges(smin, smax, c_lo, c_hi)
-
-
-def _better(d: dict[str, tuple[float, int]], name: str, key: float, step: int) -> None:
-    cur = d.get(name)
-    if cur is None or key < cur[0]:
-        d[name] = (key, step)
+    return c_lo, c_hi, _edges(smin, smax, c_lo, c_hi)
 
 
 def series_rows(c: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int, hi: int,
@@ -95,54 +96,44 @@ def series_rows(c: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int, h
     if n <= max_points:
         every = read_rows(c, rid, rank, opt, smin, smax)
         return every, 1, len(every)
-    cands: Cands = {}
-    b, c_lo, c_hi, ranges = _plan(smin, smax, bucket_size(smin, smax, max_points), next_chunk)
+    b = bucket_size(smin, smax, max_points, align=db.CHUNK)
+    c_lo, c_hi, ranges = _plan(smin, smax, b, next_chunk)
+    buckets: dict[int, Bucket] = {}
     if c_hi >= c_lo:
-        for a in c.execute(_AGG, (rid, rank, opt, c_lo, c_hi)):
-            d = cands.setdefault(a[0] * db.CHUNK // b, {})
-            for name, i, sign in (("mn_norm", 1, 1), ("mx_norm", 3, -1),
-                                  ("mn_drift", 5, 1), ("mx_drift", 7, -1)):
-                if a[i] is not None:
-                    _better(d, name, sign * a[i], a[i + 1])
-            for name, i in (("flag", 9), ("odd", 10)):
-                if a[i] is not None:
-                    _better(d, name, a[i], a[i])
+        for t in c.execute(AGG_SELECT + "WHERE rid=? AND rank=? AND opt=? AND chunk BETWEEN "
+                                        "? AND ?", (rid, rank, opt, c_lo, c_hi)):
+            chunk, part = bucket_of(t)
+            _bucket(buckets, chunk * db.CHUNK // b).merge(part)
     for r0, r1 in ranges:
         if r1 >= r0:
-            _scan(c, (rid, rank, opt, r0, r1), b, cands)
-    # The span's ends are always kept, so a downsampled chart reaches the run's last step.
-    keep = sorted({smin, smax} | {s for d in cands.values() for _, s in d.values()})
+            _scan(c, (rid, rank, opt, r0, r1), b, buckets)
+    keep = sorted({smin, smax}.union(*(k.kept() for k in buckets.values())))
     rows: list[Row] = []
     for i in range(0, len(keep), 900):
-        part = keep[i:i + 900]
+        part_steps = keep[i:i + 900]
         rows += [to_row(t) for t in c.execute(
             STEP_SELECT + f"WHERE rid=? AND rank=? AND opt=? AND step IN "
-                          f"({','.join('?' * len(part))}) ORDER BY step",
-            (rid, rank, opt, *part))]
+                          f"({','.join('?' * len(part_steps))}) ORDER BY step",
+            (rid, rank, opt, *part_steps))]
     return rows, b, n
 
 
-def _scan(c: sqlite3.Connection, key: tuple[Any, ...], b: int, cands: Cands) -> None:
-    """Bucket extremes of raw rows (light tuples: no Row objects for rows not kept)."""
-    usual: dict[int, str | None] = {}
-    for step, norm, drift, nan, facts, resets in c.execute(_LIGHT, key):
-        k = step // b
-        d = cands.get(k)
-        if d is None:
-            d = cands[k] = {}
-        for name, v in (("norm", norm), ("drift", drift)):
-            if v is None:
-                continue
-            if math.isfinite(v):
-                _better(d, "mn_" + name, v, step)
-                _better(d, "mx_" + name, -v, step)
-            else:
-                facts = 1  # a NaN/Inf step is kept like a finding fact
-        if facts or nan:
-            _better(d, "flag", step, step)
-        hows = resets and ",".join(p.partition(":")[0] for p in resets.split(";"))
-        if usual.setdefault(k, hows) != hows:
-            _better(d, "odd", step, step)
+def _bucket(buckets: dict[int, Bucket], k: int) -> Bucket:
+    b = buckets.get(k)
+    if b is None:
+        b = buckets[k] = Bucket()
+    return b
+
+
+def _scan(c: sqlite3.Connection, key: Key, b: int,
+          buckets: dict[int, Bucket]) -> None:
+    """Count raw rows into their buckets (light tuples: no Row objects for rows not kept)."""
+    sigs: dict[str | None, str] = {}
+    for step, norm, drift, keep, resets in c.execute(_LIGHT, key):
+        sig = sigs.get(resets)
+        if sig is None:  # once per distinct resets text
+            sig = sigs[resets] = reset_sig(resets_of(resets))
+        _bucket(buckets, step // b).add(step, norm, drift, bool(keep), sig)
 
 
 def param_steps(c: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int, hi: int,
@@ -159,7 +150,8 @@ def param_steps(c: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int, h
     if b <= 1:
         return None, 1
     best: dict[int, tuple[float, int]] = {}
-    b, c_lo, c_hi, ranges = _plan(smin, smax, b, next_chunk)
+    b = aligned(b, db.CHUNK)
+    c_lo, c_hi, ranges = _plan(smin, smax, b, next_chunk)
     if c_hi >= c_lo:
         for chunk, mx, step in c.execute(
                 "SELECT chunk, mx_norm, mx_norm_step FROM step_agg WHERE rid=? AND rank=? "

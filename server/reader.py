@@ -1,8 +1,8 @@
 """Read side of storage: run summaries, downsampled step series, per-parameter norms.
 
-Reads use their own connections (WAL lets them run beside the writer) and are called
-from worker threads. Long ranges downsample from the ``step_agg`` chunk summaries, so a
-million-step series costs ~16k small rows plus the few thousand rows it returns.
+Reads use their own read-only connections (WAL lets them run beside the writer) and are
+called from worker threads; a long series downsamples from its chunk summaries
+(:mod:`server.series_read`). Plain module: no FastAPI.
 """
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from __future__ import annotations
 import json
 import queue
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gradwatch.frames import OptimizerView, ParamSeries, RunSummary, StepSeries
+from gradwatch.frames import OptimizerView, ParamSeries, RunSummary
 from gradwatch.server import db
-from gradwatch.server.downsample import param_steps, series_rows
-from gradwatch.server.series import Row, to_series
-from gradwatch.server.writes import STEP_SELECT, to_row
+from gradwatch.server.rows import Row, SeriesRows
+from gradwatch.server.series_read import param_steps, series_rows
+from gradwatch.server.steptable import STEP_SELECT, to_row
 from gradwatch.wire import Finding
 
 _SUMMARY = ("SELECT id, name, status, started, updated, steps, findings, ranks, optimizers, "
@@ -103,7 +103,7 @@ class Reader:
         return out
 
     def findings(self, run_id: str) -> list[Finding] | None:
-        """The run's findings (as (as the run's Verdict last grouped them)), or ``None``."""
+        """The run's findings as its Verdict last grouped them, or ``None``: no such run."""
         with self.conn() as c:
             rid = self._rid(c, run_id)
             if rid is None:
@@ -114,8 +114,10 @@ class Reader:
 
     def steps(self, run_id: str, start: int | None = None, end: int | None = None,
               max_points: int = 4000, opt: str | None = None, rank: int | None = None,
-              last: dict[tuple[int, str], int] | None = None) -> StepSeries | None:
+              last: dict[tuple[int, str], int] | None = None) -> SeriesRows | None:
         """Step rows in [start, end], ≤ ``max_points`` per (rank, opt); ``None``: no run.
+
+        Series longer than ``max_points`` are downsampled (:mod:`server.downsampling`).
 
         Args:
             last: if given, filled with the highest stored step of each (rank, opt), read
@@ -144,7 +146,7 @@ class Reader:
                     "AND t.rank=s.rank AND t.opt=s.opt) FROM series s WHERE s.rid=?", (rid,))
                     if s is not None})
             c.execute("COMMIT")
-        return to_series(rows, bucket, bucket > 1, total)
+        return SeriesRows(rows, bucket, bucket > 1, total)
 
     def params(self, run_id: str, opt: str, rank: int = 0, start: int | None = None,
                end: int | None = None, max_points: int = 500) -> ParamSeries | None:
@@ -163,15 +165,17 @@ class Reader:
                                     nxt[0] if nxt else 0)
             sql = ("SELECT s.step, r.body FROM steps s JOIN records r ON r.rid=s.rid AND "
                    "r.rank=s.rank AND r.seq=s.seq WHERE s.rid=? AND s.rank=? AND s.opt=? ")
+            cur: Iterable[tuple[int, str]]
             if picked is None:
-                cur: Any = c.execute(sql + "AND s.step BETWEEN ? AND ? ORDER BY s.step",
-                                     (rid, rank, opt, lo, hi))
+                cur = c.execute(sql + "AND s.step BETWEEN ? AND ? ORDER BY s.step",
+                                (rid, rank, opt, lo, hi))
             else:
-                cur = []
+                got: list[tuple[int, str]] = []
                 for i in range(0, len(picked), 900):
                     part = picked[i:i + 900]
-                    cur += c.execute(sql + f"AND s.step IN ({','.join('?' * len(part))}) "
+                    got += c.execute(sql + f"AND s.step IN ({','.join('?' * len(part))}) "
                                            f"ORDER BY s.step", (rid, rank, opt, *part)).fetchall()
+                cur = got
             steps, norms, fresh = [], [], []
             for step, body in cur:
                 d = json.loads(body)

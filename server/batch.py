@@ -1,0 +1,112 @@
+"""A validated ingest batch as storage takes it (:class:`Batch`), and what storing it
+changed (:class:`IngestResult`).
+
+Made once, where the frame was validated (:mod:`server.parsing`, possibly in a worker
+process), and passed on as is: each record's JSON line to store, its step row for the
+columns and the plots, and the validated record itself where the writer reads one
+(headers, optimizers, stats, ends, and steps carrying a finding fact, the only steps the
+:class:`~gradwatch.verdict.Verdict` turns into findings). Picklable for the parser
+processes, where a record crosses as its JSON line only and is read back from it when
+storage asks for it; steps without a finding fact, the bulk of a run, cross as the line and
+a row of numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from gradwatch.frames import OptimizerView, RunSummary
+from gradwatch.server.rows import Row, row_from_step
+from gradwatch.verdict import has_finding_facts
+from gradwatch.wire import (
+    End,
+    Finding,
+    Header,
+    IngestBatch,
+    OptimizerInfo,
+    Stats,
+    Step,
+    parse_record,
+)
+
+RecordModel = Header | OptimizerInfo | Step | Stats | End
+RecordKind = Literal["header", "optimizer", "step", "stats", "end"]
+
+
+class Entry:
+    """One record of a batch.
+
+    Attributes:
+        seq, kind, t: the record's seq, type and time.
+        body: the record as one JSON line (stored as is; ``None`` fields left out).
+        row: its step row, for step records.
+    """
+
+    __slots__ = ("seq", "kind", "t", "body", "row", "_record", "_in_body")
+
+    def __init__(self, seq: int, kind: RecordKind, t: float, body: str, row: Row | None,
+                 record: RecordModel | None, in_body: bool = False):
+        self.seq, self.kind, self.t, self.body, self.row = seq, kind, t, body, row
+        self._record = record
+        self._in_body = in_body
+
+    @property
+    def record(self) -> RecordModel | None:
+        """The validated record, except for steps without a finding fact (``None``)."""
+        # After crossing a process boundary: read back from the line, and not kept, so a
+        # stored batch of flagged steps holds no model per step for the garbage collector.
+        return parse_record(self.body) if self._in_body else self._record
+
+    def __reduce__(self) -> tuple[type[Entry], tuple[Any, ...]]:
+        # Across the parser processes' boundary a record travels as its JSON line only: a
+        # line pickles for almost nothing, a model costs about what parsing it again does.
+        return Entry, (self.seq, self.kind, self.t, self.body, self.row, None,
+                       self._in_body or self._record is not None)
+
+
+class Batch(NamedTuple):
+    """A validated batch of one (run, rank) stream."""
+
+    run: str
+    rank: int
+    entries: list[Entry]
+
+
+def entry(r: RecordModel, rank: int) -> Entry:
+    """The :class:`Entry` of one validated record."""
+    body = r.__pydantic_serializer__.to_json(r, exclude_none=True).decode()
+    if isinstance(r, Step):
+        return Entry(r.seq, "step", r.t, body, row_from_step(r, rank),
+                     r if has_finding_facts(r) else None)
+    return Entry(r.seq, r.type, r.t, body, None, r)
+
+
+def batch_of(frame: IngestBatch) -> Batch:
+    """The batch of a validated ingest frame."""
+    return Batch(frame.run, frame.rank, [entry(r, frame.rank) for r in frame.records])
+
+
+def batch_of_records(run: str, rank: int, records: Iterable[RecordModel]) -> Batch:
+    """The batch of validated records (an imported step log)."""
+    return Batch(run, rank, [entry(r, rank) for r in records])
+
+
+@dataclass
+class IngestResult:
+    """What one stored batch changed, for the ack and the live fan-out."""
+
+    run: str
+    rank: int
+    ack: int
+    """Highest seq stored of the stream (every record up to it is stored); -1: none."""
+    new_run: bool = False
+    stored: int = 0
+    """Records new to the database."""
+    rows: list[Row] = field(default_factory=list)
+    """Step rows new to the database."""
+    optimizers: list[OptimizerView] = field(default_factory=list)
+    findings: list[Finding] | None = None
+    """The run's findings, when the batch changed them."""
+    summary: RunSummary | None = None

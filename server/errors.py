@@ -1,0 +1,45 @@
+"""What the server refuses, in its own words: the domain errors of ingest and storage.
+
+The plain core (parsing, limits, storage) raises these; each route decides what the
+client sees: the websocket routes a close code (:mod:`server.ws_close`), the REST routes
+an HTTP status (:mod:`server.api`). Every error carries ``reason``, a sentence that says
+what was wrong and what to do.
+"""
+
+from __future__ import annotations
+
+
+class Refused(Exception):
+    """Input the server will not take; nothing of it was stored."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class UnreadableFrame(Refused):
+    """An ingest frame that is not JSON text (binary, or not JSON at all)."""
+
+
+class InvalidFrame(Refused):
+    """An ingest frame that breaks the wire contract (the reason names the field)."""
+
+
+class FrameTooBig(Refused):
+    """An ingest frame over the size limit."""
+
+
+class TooManyFrames(Refused):
+    """An ingest connection sending faster than the rate limit."""
+
+
+class InvalidStream(Refused):
+    """Records that break the stream rules: seq order, or a stream without its header."""
+
+
+class RunLimitReached(Refused):
+    """A new run while the server already holds as many as it may."""
+
+
+class StoreBusy(Refused):
+    """The storage writer's queue is full: retry later."""

@@ -1,0 +1,106 @@
+"""Ingest frames validated against the wire contract: the server's trust boundary.
+
+A frame is validated once, here, into a :class:`~gradwatch.frames.Hello` or a
+:class:`~server.batch.Batch`; the rest of the server passes those on. Validation is the
+costliest step of ingest and holds the GIL, so :class:`FrameParser` can run it in worker
+processes. Plain module: no FastAPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import get_context
+from typing import Annotated
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from gradwatch.frames import Hello
+from gradwatch.server.batch import Batch, batch_of
+from gradwatch.server.errors import InvalidFrame, UnreadableFrame
+from gradwatch.wire import IngestBatch
+
+log = logging.getLogger(__name__)
+
+_FRAME: TypeAdapter[Hello | IngestBatch] = TypeAdapter(
+    Annotated[Hello | IngestBatch, Field(discriminator="type")])
+
+INLINE_BYTES = 32 << 10
+"""Frames shorter than this (hellos, a few records) are validated on the event loop."""
+
+
+def parse_frame(text: str) -> Hello | Batch:
+    """Validate one ingest frame.
+
+    Raises:
+        UnreadableFrame: it is not JSON.
+        InvalidFrame: it is not a valid frame (the reason names the first wrong field).
+    """
+    try:
+        frame = _FRAME.validate_json(text)
+    except ValidationError as e:
+        err = e.errors()[0]
+        if err.get("type") == "json_invalid":
+            raise UnreadableFrame("frame is not JSON; send IngestBatch JSON text "
+                                  "frames") from None
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        raise InvalidFrame(f"invalid frame at {loc or 'top level'}: "
+                           f"{err.get('msg', 'invalid')}") from None
+    return frame if isinstance(frame, Hello) else batch_of(frame)
+
+
+def exit_with_parent(parent: int) -> None:
+    """In a parser process: exit when the server process is gone (even after kill -9)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="gradwatch-parent-watch", daemon=True).start()
+
+
+class FrameParser:
+    """Runs :func:`parse_frame` off the event loop.
+
+    Args:
+        processes: worker processes (they take validation off this process's GIL); 0: one
+            thread for every connection, so a crowd of parsing threads never fights the
+            storage writer.
+    """
+
+    def __init__(self, processes: int = 0):
+        self._pool: Executor = (
+            ProcessPoolExecutor(processes, mp_context=get_context("spawn"),
+                                initializer=exit_with_parent, initargs=(os.getpid(),))
+            if processes > 0 else ThreadPoolExecutor(1, "gradwatch-parse"))
+
+    def start(self) -> None:
+        """Warm the worker processes up (they import the wire models on first use)."""
+        if isinstance(self._pool, ProcessPoolExecutor):
+            self._pool.submit(parse_frame, Hello(run="warm-up").model_dump_json())
+
+    async def parse(self, text: str) -> Hello | Batch:
+        """:func:`parse_frame`, in the pool unless the frame is small.
+
+        Raises:
+            UnreadableFrame, InvalidFrame: as :func:`parse_frame`.
+        """
+        if len(text) < INLINE_BYTES:
+            return parse_frame(text)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, parse_frame, text)
+        except BrokenProcessPool:
+            log.error("the frame parser process died; parsing in a thread from now on")
+            self._pool = ThreadPoolExecutor(1, "gradwatch-parse")
+            return await loop.run_in_executor(self._pool, parse_frame, text)
+
+    def close(self) -> None:
+        """Finish frames being parsed and stop the pool."""
+        self._pool.shutdown(wait=True)

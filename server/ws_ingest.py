@@ -1,0 +1,133 @@
+"""One ``/ws/ingest`` connection: frames read, validated, stored and acked in order.
+
+Pipelined: frame k+1 is read and validated while frame k is being stored; acks go out in
+frame order. The first refused frame closes the connection (code from
+:mod:`server.ws_close`) after the valid frames before it are stored and acked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import NamedTuple, TypeVar
+
+from fastapi import WebSocket, WebSocketDisconnect
+
+from gradwatch.frames import Ack, Hello, Resume
+from gradwatch.server.batch import Batch, IngestResult
+from gradwatch.server.errors import Refused, UnreadableFrame
+from gradwatch.server.limits import RateLimiter, check_size
+from gradwatch.server.runs import Runs
+from gradwatch.server.ws_close import close_code, short
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class _Resuming(NamedTuple):
+    hello: Hello
+    seq: asyncio.Future[int]
+    """The highest stored seq of the stream, once the writer read it."""
+
+
+class _Storing(NamedTuple):
+    batch: Batch
+    result: asyncio.Future[IngestResult]
+
+
+class IngestSession:
+    """One ingest connection, from its first frame to its close."""
+
+    PIPELINE = 4
+    """Frames validated and handed to the writer ahead of their acks."""
+
+    def __init__(self, ws: WebSocket, runs: Runs):
+        self.ws, self.runs = ws, runs
+        self.limiter = RateLimiter(runs.settings.max_msgs_per_sec)
+        self.pending: asyncio.Queue[_Resuming | _Storing | None] = asyncio.Queue(
+            self.PIPELINE)
+        self.sending_to: set[str] = set()
+        """Runs this connection has sent batches to."""
+
+    async def run(self) -> None:
+        """Serve the connection until the client leaves or a frame is refused."""
+        acker = asyncio.create_task(self._acks())
+        receiver = asyncio.create_task(self._receive())
+        try:
+            await asyncio.wait({acker, receiver}, return_when=asyncio.FIRST_COMPLETED)
+            if not receiver.done():  # the acker stopped on a refused batch
+                receiver.cancel()
+            err = await _quiet(receiver)
+            if err is not None or not acker.done():
+                await self.pending.put(None)  # let the valid frames before it finish
+            refused = await _quiet(acker)
+            err = refused or err
+            if err is not None:
+                code = close_code(err)
+                log.info("ingest: closing connection: %s (%d)", err.reason, code)
+                with contextlib.suppress(Exception):
+                    await self.ws.close(code, short(err.reason))
+        finally:
+            for run in self.sending_to:
+                self.runs.streams.disconnect(run)
+
+    async def _receive(self) -> Refused | None:
+        """Read frames until the client leaves (None) or sends a refused one (the error)."""
+        s, store = self.runs.settings, self.runs.store
+        try:
+            while True:
+                msg = await self.ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    return None
+                text = msg.get("text")
+                if text is None:
+                    raise UnreadableFrame("binary frames are not supported; send JSON text "
+                                          "frames")
+                check_size(text, s.max_frame_bytes)
+                self.limiter.take()
+                frame = await self.runs.parser.parse(text)
+                job: _Resuming | _Storing
+                if isinstance(frame, Hello):
+                    job = _Resuming(frame, asyncio.wrap_future(
+                        store.submit(store.resume_seq, frame.run, frame.rank)))
+                else:
+                    if frame.run not in self.sending_to:
+                        self.sending_to.add(frame.run)
+                        self.runs.streams.connect(frame.run)
+                    job = _Storing(frame, asyncio.wrap_future(store.submit(store.ingest,
+                                                                           frame)))
+                await self.pending.put(job)
+        except Refused as e:
+            return e
+        except WebSocketDisconnect:
+            return None
+
+    async def _acks(self) -> Refused | None:
+        """Await stored batches in order; ack and publish each, stop at a refused one."""
+        while True:
+            job = await self.pending.get()
+            if job is None:
+                return None
+            try:
+                if isinstance(job, _Resuming):
+                    h = job.hello
+                    text = Resume(run=h.run, rank=h.rank, seq=await job.seq).model_dump_json()
+                else:
+                    res = await job.result
+                    self.runs.publish(res)
+                    text = Ack(run=res.run, rank=res.rank, seq=res.ack).model_dump_json()
+            except Refused as e:
+                return e
+            try:
+                await self.ws.send_text(text)
+            except (WebSocketDisconnect, RuntimeError):
+                return None
+
+
+async def _quiet(task: asyncio.Task[T]) -> T | None:
+    """A finished (or cancelled) task's result, ``None`` if it was cancelled."""
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return None
