@@ -1,8 +1,9 @@
 """The one wire contract: every record that lands in a step log or crosses a socket.
 
 This module imports neither torch nor fastapi. The probe writes these records, the server
-validates and stores them, ``gradwatch check`` and the replay reader parse them, and the
-dashboard reads the JSON Schema generated from them (``python -m gradwatch.wire``).
+validates and stores them, ``gradwatch check`` and the replay reader parse them. Their JSON
+Schema (``python -m gradwatch.wire``, and ``GET /api/schema`` with the socket frames) documents
+the protocol for other tools.
 
 A step log is JSON Lines: one :class:`Header` line, then one record per line. Over the
 ingest websocket the same records travel inside :class:`IngestBatch` frames. Every record
