@@ -45,8 +45,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if TORCH.missing():
         raise pytest.UsageError(TORCH.sentence("pytest --gradwatch"))
-    config.pluginmanager.register(_Watcher(config.getoption("gradwatch_server")),
-                                  "gradwatch-watcher")
+    from gradwatch.probe.api import validate_options
+
+    server = config.getoption("gradwatch_server")
+    try:
+        validate_options(None, server, None, 1)
+    except ValueError as e:
+        raise pytest.UsageError(f"--gradwatch-server: {e}") from None
+    config.pluginmanager.register(_Watcher(server), "gradwatch-watcher")
 
 
 class _Watcher:

@@ -67,3 +67,11 @@ def test_pytest_gradwatch_without_torch_says_to_install_it(tmp_path: Path) -> No
     assert "--gradwatch " in subprocess.run(
         [sys.executable, "-m", "pytest", "--help"], capture_output=True, text=True,
         timeout=120).stdout
+
+
+def test_a_wrong_server_url_is_a_usage_error() -> None:
+    r = subprocess.run([sys.executable, "-m", "pytest", "--gradwatch", "--gradwatch-server",
+                        "localhost:8765", "-p", "no:cacheprovider", "--co", "-q", __file__],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 4
+    assert "--gradwatch-server: server= must be a URL starting with ws://" in r.stderr
