@@ -36,7 +36,7 @@ class AutoWatch:
     from the modules found in memory.
 
     Args:
-        log: step log path; server, run_name, norms_every: as ``gradwatch.watch()``.
+        log: step log path; server, run_name, norms_every, run_id: as ``gradwatch.watch()``.
 
     Raises:
         gradwatch.extras.TorchMissingError: torch is not installed.
@@ -44,14 +44,15 @@ class AutoWatch:
     """
 
     def __init__(self, log: str | os.PathLike[str], *, server: str | None = None,
-                 run_name: str | None = None, norms_every: int = 1) -> None:
+                 run_name: str | None = None, norms_every: int = 1,
+                 run_id: str | None = None) -> None:
         from gradwatch.probe import names
         from gradwatch.probe.api import WatchHandle, validate_options
 
         validate_options(log, server, run_name, norms_every)
         self.handle: WatchHandle = WatchHandle(
             [], log=log, server=server, run_name=run_name, norms_every=norms_every,
-            auto=True, namer=names.from_live_modules)
+            run_id=run_id, auto=True, namer=names.from_live_modules)
         self._steps = 0
         self._reported: dict[tuple[int, str, str], int] = {}
         """Steps of each finding (by rank, optimizer, kind) at the last slice."""

@@ -57,10 +57,11 @@ class NotebookWatch:
             return
         from gradwatch.probe import runinfo
 
-        log = args.log or f"gradwatch-{runinfo.run_id(None)}.jsonl"
+        run = runinfo.run_id(None)
         try:
-            self.session = AutoWatch(log, server=args.server, norms_every=args.norms_every,
-                                     run_name=args.name or "notebook")
+            self.session = AutoWatch(args.log or f"gradwatch-{run}.jsonl", server=args.server,
+                                     norms_every=args.norms_every,
+                                     run_name=args.name or "notebook", run_id=run)
         except (TypeError, ValueError, ImportError) as e:
             raise UsageError(str(e)) from None
         self.server = args.server

@@ -121,3 +121,13 @@ def test_wrong_lines_print_the_usage(shell: InteractiveShell,
     out = capsys.readouterr()
     assert "server= must be a URL" in out.out + out.err
     assert "gradwatch: off" in run(shell, "%gradwatch status", capsys)
+
+
+def test_without_log_the_step_log_is_named_after_the_run(
+        shell: InteractiveShell, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    run(shell, "%load_ext gradwatch", capsys)
+    run(shell, "%gradwatch on", capsys)  # the working directory is tmp_path (conftest)
+    run(shell, SETUP + TRAIN, capsys)
+    run(shell, "%gradwatch off", capsys)
+    (log,) = tmp_path.glob("gradwatch-*.jsonl")
+    assert log.name == f"gradwatch-{judged(log).summary()['run']}.jsonl"

@@ -108,3 +108,26 @@ def test_gradwatch_fails_the_test_that_forgot_zero_grad(pytester: pytest.Pyteste
     v = verdict_of([log.header, *log.records])
     assert v.summary()["steps"] == 4 and v.findings() == []  # the fixture's steps too
     assert log.header.run_name == "test_train.py::test_the_model_a_fixture_trained_is_judged_too"
+
+
+def test_a_finding_with_recorded_lines_names_them() -> None:
+    """Findings that carry ``where`` (the calls involved) are reported with their lines."""
+    from types import SimpleNamespace
+
+    from gradwatch.autowatch import finding_lines
+
+    f = SimpleNamespace(
+        kind="late_reset", optimizer="AdamW#0", first_step=0, steps=3, params=["w"],
+        message="AdamW#0 stepped with no fresh gradient.", fix="Move zero_grad() out.",
+        where=[SimpleNamespace(role="reset", file="/elsewhere/train.py", line=12,
+                               function="main"),
+               {"role": "step", "file": "/elsewhere/train.py", "line": 13,
+                "function": "main"}])
+    assert finding_lines(f) == [  # type: ignore[arg-type]
+        "late_reset on AdamW#0, from step 0 (3 steps)",
+        "  at /elsewhere/train.py:12  (reset in main)",
+        "  at /elsewhere/train.py:13  (step in main)",
+        "  AdamW#0 stepped with no fresh gradient.",
+        "  params: w",
+        "  fix: Move zero_grad() out.",
+    ]
