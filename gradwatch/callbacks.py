@@ -4,8 +4,8 @@ the framework's own logging.
 
 Thread: training (the frameworks call their callbacks there).
 
-Imports torch only when a session opens: the callback modules import their framework
-(which brings torch) and this module stays importable without either.
+The probe (and so torch) is imported when a callback is built, not with this module: the
+callback modules first check that their framework and torch are installed.
 """
 
 from __future__ import annotations
