@@ -37,6 +37,10 @@ class Requirement:
 TORCH = Requirement("torch", ("torch",), "install PyTorch where you train (pip install torch)")
 SERVER = Requirement("the server extra (fastapi, uvicorn)", ("fastapi", "uvicorn"),
                      "pip install 'gradwatch[server]'")
+LIGHTNING = Requirement("Lightning (the lightning or pytorch_lightning package)", ("lightning",),
+                        "pip install lightning")
+TRANSFORMERS = Requirement("transformers", ("transformers",), "pip install transformers")
+IPYTHON = Requirement("IPython", ("IPython",), "pip install ipython")
 
 
 def importable(module: str) -> bool:
@@ -62,3 +66,20 @@ def require_torch() -> None:
     """
     if TORCH.missing():
         raise TorchMissingError
+
+
+class MissingPackageError(ImportError):
+    """A part of gradwatch that plugs into a framework, imported where the framework is not
+    installed (``gradwatch.lightning`` without Lightning, ...)."""
+
+
+def require(who: str, requirement: Requirement) -> None:
+    """Raise :class:`MissingPackageError` unless torch and ``requirement`` can be imported.
+
+    Raises:
+        MissingPackageError: one sentence naming the package ``who`` needs and how to
+            install it; ``name`` is the missing module.
+    """
+    for r in (TORCH, requirement):
+        if missing := r.missing():
+            raise MissingPackageError(r.sentence(who), name=missing[0])

@@ -25,7 +25,7 @@ import torch
 from gradwatch import __version__
 from gradwatch.probe import names, patches, runinfo
 from gradwatch.probe.tracker import Tracker
-from gradwatch.probe.writer import RecordWriter
+from gradwatch.probe.writer import RecordWriter, StepFigures
 from gradwatch.wire import End, Finding, Header, Stats
 
 if TYPE_CHECKING:
@@ -51,6 +51,30 @@ def unwrap(opt: Any) -> torch.optim.Optimizer | None:
     return None
 
 
+def validate_options(log_: Any, server: Any, run_name: Any, norms_every: Any) -> None:
+    """Check ``watch()``'s ``log``, ``server``, ``run_name`` and ``norms_every`` (the framework
+    callbacks check theirs when built, long before an optimizer exists).
+
+    Raises:
+        TypeError, ValueError: an argument is wrong; the message says how to fix it.
+    """
+    if log_ is not None:
+        if not isinstance(log_, (str, os.PathLike)):
+            raise TypeError(f"log= must be a file path (str or pathlib.Path); got "
+                            f"{type(log_).__name__}.")
+        if Path(log_).is_dir():
+            raise ValueError(f"log={str(log_)!r} is a directory; give a file path such as "
+                             f"{str(Path(log_) / 'run.jsonl')!r}.")
+    if server is not None and (not isinstance(server, str) or not server.startswith(_SCHEMES)):
+        raise ValueError(f"server= must be a URL starting with ws://, wss://, http:// or "
+                         f"https://, e.g. 'http://127.0.0.1:8765'; got {server!r}.")
+    if run_name is not None and (not isinstance(run_name, str) or len(run_name) > 200):
+        raise TypeError("run_name= must be a string of at most 200 characters.")
+    if isinstance(norms_every, bool) or not isinstance(norms_every, int) or norms_every < 0:
+        raise ValueError(f"norms_every= must be an int >= 0 (1 = every step, N = every Nth "
+                         f"step, 0 = never); got {norms_every!r}.")
+
+
 def _validate(optimizer_or_list: Any, model: Any, log_: Any, server: Any, run_name: Any,
               norms_every: Any, names_: Any) -> tuple[list[torch.optim.Optimizer],
                                                       list[str | None]]:
@@ -73,21 +97,7 @@ def _validate(optimizer_or_list: Any, model: Any, log_: Any, server: Any, run_na
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model= must be a torch.nn.Module (used for parameter names); got "
                         f"{type(model).__name__}.")
-    if log_ is not None:
-        if not isinstance(log_, (str, os.PathLike)):
-            raise TypeError(f"log= must be a file path (str or pathlib.Path); got "
-                            f"{type(log_).__name__}.")
-        if Path(log_).is_dir():
-            raise ValueError(f"log={str(log_)!r} is a directory; give a file path such as "
-                             f"{str(Path(log_) / 'run.jsonl')!r}.")
-    if server is not None and (not isinstance(server, str) or not server.startswith(_SCHEMES)):
-        raise ValueError(f"server= must be a URL starting with ws://, wss://, http:// or "
-                         f"https://, e.g. 'http://127.0.0.1:8765'; got {server!r}.")
-    if run_name is not None and (not isinstance(run_name, str) or len(run_name) > 200):
-        raise TypeError("run_name= must be a string of at most 200 characters.")
-    if isinstance(norms_every, bool) or not isinstance(norms_every, int) or norms_every < 0:
-        raise ValueError(f"norms_every= must be an int >= 0 (1 = every step, N = every Nth "
-                         f"step, 0 = never); got {norms_every!r}.")
+    validate_options(log_, server, run_name, norms_every)
     labels: list[str | None] = [None] * len(opts)
     if names_ is not None:
         if isinstance(names_, Mapping):
@@ -163,6 +173,16 @@ class WatchHandle:
     def findings(self) -> list[Finding]:
         """Findings so far (records already written by the writer thread)."""
         return self.writer.verdict.findings()
+
+    def latest(self) -> Mapping[str, StepFigures]:
+        """Each optimizer's latest step the writer thread has written, by optimizer name:
+        its norms, drift and the run's finding count, as host floats.
+
+        One attribute read: never waits on the writer thread and never touches a tensor, so
+        it is safe to call every training step. The figures trail the training loop by the
+        writer's round (at most ``poll`` seconds).
+        """
+        return self.writer.latest
 
     @property
     def disabled(self) -> str | None:

@@ -9,7 +9,8 @@ The training thread only appends; when the buffer is full the item is dropped an
 records from step facts (:mod:`gradwatch.probe.records`), writes them with
 :class:`~gradwatch.steplog.StepLogWriter`, flushes each time it has drained the buffer (at
 least every second), tells the streamer after each flush, and feeds a
-:class:`~gradwatch.verdict.Verdict` so the verdict is ready at close.
+:class:`~gradwatch.verdict.Verdict` so the verdict is ready at close. After each step record
+it publishes that step's figures (:class:`StepFigures`) for the framework callbacks to read.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gradwatch.probe.records import Item, StepRecords
 from gradwatch.steplog import StepLogWriter
 from gradwatch.verdict import Verdict
-from gradwatch.wire import Finding, Header, Stats, dump_record
+from gradwatch.wire import Finding, Header, Stats, Step, dump_record
 
 if TYPE_CHECKING:
     from gradwatch.stream import Streamer
@@ -39,6 +42,23 @@ _YIELD = 2e-5
 :class:`RecordWriter`); the kernel rounds it up to its timer slack."""
 _BEHIND = 256
 """Buffered records above which the writer stops yielding and catches up."""
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """One optimizer's latest step as the writer thread wrote it: host floats, no tensors."""
+
+    opt: str
+    step: int
+    """The step's index among the optimizer's steps."""
+    norm: float | None
+    """Norm of the accumulated gradient the step read (None: not sampled this step)."""
+    fresh_norm: float | None
+    """Norm of the contributions added since the previous step (None: not sampled)."""
+    drift: float | None
+    """``norm / fresh_norm``: 1.0 when every gradient was reset (None: not sampled)."""
+    findings: int
+    """Findings in the run (every optimizer, every kind) once this step was judged."""
 
 
 class RecordWriter:
@@ -58,7 +78,7 @@ class RecordWriter:
                  warn_findings: bool = True) -> None:
         self.path = path
         self.maxsize = maxsize
-        self.buffer: deque[Item] = deque()
+        self.buffer: deque[Item | threading.Event] = deque()
         self.dropped = 0
         self.verdict = Verdict()
         self.streamer = streamer
@@ -66,7 +86,10 @@ class RecordWriter:
         self.warn_findings = warn_findings
         self._seq = 0
         self._records = StepRecords()
-        self._warned: set[tuple[str, str]] = set()
+        self._found: set[tuple[str, str]] = set()
+        self.latest: Mapping[str, StepFigures] = {}
+        """Each optimizer's latest written step. The writer thread replaces the mapping
+        whole, so a reader on another thread takes one attribute and never waits."""
         self._failed = False
         self._stop = threading.Event()
         self._file = StepLogWriter(path, flush_every=1.0) if path else None
@@ -91,10 +114,30 @@ class RecordWriter:
 
     def put_blocking(self, record: Item, timeout: float = 5.0) -> None:
         """Buffer a record, waiting up to ``timeout`` for room (close-time records)."""
+        self._wait_for_room(timeout)
+        self.put(record)
+
+    def _wait_for_room(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while len(self.buffer) >= self.maxsize and time.monotonic() < deadline:
             time.sleep(0.01)
-        self.put(record)
+        return len(self.buffer) < self.maxsize
+
+    def settle(self, timeout: float = 5.0) -> bool:
+        """Wait until the writer thread has handled everything put before this call.
+
+        For verdicts between notebook cells and at the end of a test, never for hooks:
+        it waits up to ``poll`` seconds for the writer's next round. Returns False on
+        timeout or when the thread has stopped.
+        """
+        if not self._thread.is_alive():
+            return not self.buffer
+        start = time.monotonic()
+        if not self._wait_for_room(timeout):
+            return False
+        marker = threading.Event()
+        self.buffer.append(marker)
+        return marker.wait(max(0.0, timeout - (time.monotonic() - start)))
 
     def _run(self) -> None:
         last_stats, reported = time.monotonic(), 0
@@ -103,7 +146,11 @@ class RecordWriter:
             wrote = False
             buffer = self.buffer
             while buffer:
-                self._emit(buffer.popleft())
+                item = buffer.popleft()
+                if isinstance(item, threading.Event):  # settle()'s marker
+                    item.set()
+                    continue
+                self._emit(item)
                 wrote = True
                 if len(buffer) < _BEHIND and not self._stop.is_set():
                     time.sleep(_YIELD)  # hand the GIL back to the training thread
@@ -126,16 +173,24 @@ class RecordWriter:
                 self._file.write(line)
             for f in self.verdict.feed(rec):
                 self._new_finding(f)
+            if isinstance(rec, Step):
+                self._publish(rec)
         except Exception:  # noqa: BLE001 - the writer must outlive a bad record
             if not self._failed:
                 self._failed = True
                 log.exception("gradwatch: could not write a record to %s", self.path)
 
+    def _publish(self, s: Step) -> None:
+        figures = StepFigures(s.opt, s.step, s.norm, s.fresh_norm, s.drift, len(self._found))
+        self.latest = {**self.latest, s.opt: figures}
+
     def _new_finding(self, f: Finding) -> None:
         key = (f.optimizer, f.kind)
-        if key in self._warned or not self.warn_findings:
+        if key in self._found:
             return
-        self._warned.add(key)
+        self._found.add(key)
+        if not self.warn_findings:
+            return
         log.warning("gradwatch: %s on %s from step %d: %s", f.kind, f.optimizer,
                     f.first_step, f.message)
 

@@ -1,0 +1,170 @@
+"""What the Lightning and Hugging Face callbacks share: their arguments, the watch session
+they open when training starts and close when it ends, and the figures they hand over to
+the framework's own logging.
+
+Thread: training (the frameworks call their callbacks there).
+
+The probe (and so torch) is imported when a callback is built, not with this module: the
+callback modules first check that their framework and torch are installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from gradwatch.probe.api import WatchHandle
+
+log = logging.getLogger("gradwatch")
+
+PREFIX = "gradwatch/"
+"""Prefix of every metric name the callbacks hand over (``gradwatch/drift``)."""
+
+
+class CallbackSession:
+    """One framework callback's watch: its arguments, checked when the callback is built, and
+    one watch session per training run (:meth:`open` ... :meth:`close`).
+
+    Holds no session until :meth:`open`, so a callback pickles (Lightning's ``ddp_spawn``
+    sends the trainer, callbacks included, to its worker processes).
+    """
+
+    def __init__(self, log: str | os.PathLike[str] | None, server: str | None,
+                 run_name: str | None, norms_every: int, log_metrics: bool) -> None:
+        """Raises ``TypeError``/``ValueError`` with a sentence to act on, as ``watch()``."""
+        from gradwatch.probe.api import validate_options
+
+        validate_options(log, server, run_name, norms_every)
+        if not isinstance(log_metrics, bool):
+            raise TypeError(f"log_metrics= must be True or False; got {log_metrics!r}.")
+        self.step_log = log
+        self.server = server
+        self.run_name = run_name
+        self.norms_every = norms_every
+        self.log_metrics = log_metrics
+        self.handle: WatchHandle | None = None
+        self._handed: dict[str, int] = {}
+        """Per optimizer, the step whose figures were last handed over."""
+
+    def open(self, optimizers: Sequence[Any], labels: Sequence[str | None], *,
+             model: torch.nn.Module | None, default_log: Path, run_name: str,
+             run_id: str | None) -> WatchHandle:
+        """Start watching ``optimizers`` (wrappers are unwrapped), closing a session an
+        earlier run left open. ``labels``: a display name per optimizer, None for the
+        probe's own (``Adam#0``); ``default_log``: the step log when ``log=`` was not given.
+        """
+        import gradwatch
+
+        if self.handle is not None:  # the framework never told us the last run ended
+            self.close("failed")
+        names = {opt: label for opt, label in zip(optimizers, labels, strict=True) if label}
+        self.handle = gradwatch.watch(
+            list(optimizers), model=model, names=names or None,
+            log=self.step_log if self.step_log is not None else default_log,
+            server=self.server, run_name=self.run_name or run_name,
+            norms_every=self.norms_every, run_id=run_id)
+        self._handed.clear()
+        return self.handle
+
+    def close(self, status: str = "finished") -> None:
+        """End the session (idempotent) and log its verdict in one line."""
+        handle, self.handle = self.handle, None
+        if handle is None:
+            return
+        handle.close(status=status)
+        findings = handle.findings()
+        where = f" (step log: {handle.path})" if handle.path else ""
+        if findings:
+            kinds = ", ".join(sorted({f"{f.kind} on {f.optimizer}" for f in findings}))
+            log.warning("gradwatch: %d optimizer steps, %d finding%s: %s%s",
+                        handle.tracker.steps, len(findings), "s" * (len(findings) != 1),
+                        kinds, where)
+        else:
+            log.info("gradwatch: %d optimizer steps, no gradient-reset bug found%s",
+                     handle.tracker.steps, where)
+
+    def metrics(self) -> dict[str, float]:
+        """The figures of each optimizer's latest written step not handed over yet:
+        ``gradwatch/drift``, ``gradwatch/norm``, ``gradwatch/fresh_norm`` (one optimizer)
+        or ``gradwatch/<optimizer>/drift``, ... (several), and ``gradwatch/findings``.
+
+        Empty when nothing new was written. Figures a step did not sample (``norms_every``)
+        are left out. Reads what the writer thread published: no wait, no tensor.
+        """
+        handle = self.handle
+        if handle is None:
+            return {}
+        several = len(handle.tracker.ledgers) > 1
+        out: dict[str, float] = {}
+        findings = -1
+        for name, fig in handle.latest().items():
+            if self._handed.get(name) == fig.step:
+                continue
+            self._handed[name] = fig.step
+            findings = max(findings, fig.findings)
+            prefix = f"{PREFIX}{name}/" if several else PREFIX
+            for key, value in (("drift", fig.drift), ("norm", fig.norm),
+                               ("fresh_norm", fig.fresh_norm)):
+                if value is not None:
+                    out[prefix + key] = value
+        if findings >= 0:
+            out[f"{PREFIX}findings"] = float(findings)
+        return out
+
+
+class HasSession:
+    """What both callbacks show of their session: the ``log=`` asked for and the open handle."""
+
+    _session: CallbackSession
+
+    @property
+    def step_log(self) -> str | os.PathLike[str] | None:
+        """The ``log=`` argument: the step log path asked for (None: the default). Not
+        ``log``: Lightning uses a callback's ``log`` for itself."""
+        return self._session.step_log
+
+    @property
+    def handle(self) -> WatchHandle | None:
+        """The open watch session, or None."""
+        return self._session.handle
+
+
+Broadcast = Callable[[Any], Any]
+"""Sends rank 0's value of a picklable object to every rank and returns it."""
+
+
+def run_identity(run_name: str, broadcast: Broadcast | None) -> tuple[str, str]:
+    """``(run id, run name)`` as rank 0 has them, so every rank of a job writes one run.
+
+    The id is ``GRADWATCH_RUN_ID``, else ``TORCHELASTIC_RUN_ID``, else random; ``broadcast``
+    is None in a single process.
+    """
+    from gradwatch.probe import runinfo
+
+    mine = (runinfo.run_id(None), run_name)
+    if broadcast is None:
+        return mine
+    run, name = broadcast(mine)
+    return str(run), str(name)
+
+
+def torch_distributed_broadcast() -> Broadcast | None:
+    """A broadcast from rank 0 over ``torch.distributed`` when a process group of more than
+    one rank is up; None otherwise."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+
+    def broadcast(value: Any) -> Any:
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    return broadcast

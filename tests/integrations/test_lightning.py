@@ -1,0 +1,231 @@
+"""``gradwatch.lightning.GradwatchCallback`` on real Lightning training (CPU, tiny modules):
+clean runs stay clean with every optimizer step judged, a broken GAN is caught, the run is
+named and its optimizers too, the session closes when fit fails, figures reach the trainer's
+loggers, and two DDP ranks write one run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lightning")
+
+import torch  # noqa: E402
+from lightning.pytorch import Trainer  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger, Logger  # noqa: E402
+
+from gradwatch.lightning import GradwatchCallback  # noqa: E402
+from gradwatch.steplog import read_log  # noqa: E402
+from gradwatch.wire import End, Header, Step  # noqa: E402
+from tests.integrations.conftest import judged, kinds  # noqa: E402
+from tests.integrations.lit_models import Gan, Regressor, noise_data, regression_data  # noqa: E402
+
+
+def trainer(tmp_path: Path, cb: GradwatchCallback, **kw: Any) -> Trainer:
+    base: dict[str, Any] = dict(max_epochs=1, callbacks=[cb], logger=False,
+                                enable_progress_bar=False, enable_checkpointing=False,
+                                enable_model_summary=False, accelerator="cpu",
+                                default_root_dir=str(tmp_path))
+    base.update(kw)
+    return Trainer(**base)
+
+
+def test_automatic_optimization_with_accumulation_and_clipping_is_clean(
+        tmp_path: Path) -> None:
+    log = tmp_path / "run.jsonl"
+    cb = GradwatchCallback(log=log)
+    t = trainer(tmp_path, cb, accumulate_grad_batches=4, gradient_clip_val=0.5, max_epochs=2)
+    t.fit(Regressor(), regression_data(n=64, batch=4))  # 16 batches: 4 steps an epoch
+    v = judged(log)
+    assert v.findings() == []
+    assert t.global_step == 8
+    assert v.summary()["steps"] == 8  # every step judged
+    assert v.summary()["status"] == "finished"
+    steps = [r for r in read_log(log).records if isinstance(r, Step)]
+    assert [s.backwards for s in steps] == [4] * 8  # each step read its whole window
+    assert all(s.drift == pytest.approx(1.0) for s in steps)
+    assert cb.step_log == log and cb.handle is None  # closed when fit ended
+
+
+def test_manual_optimization_gan_is_clean_and_its_optimizers_are_named(
+        tmp_path: Path) -> None:
+    log = tmp_path / "gan.jsonl"
+    t = trainer(tmp_path, GradwatchCallback(log=log))
+    t.fit(Gan(), noise_data(n=48, batch=8))  # 6 batches, two optimizer steps each
+    v = judged(log)
+    assert v.findings() == []
+    assert v.summary()["steps"] == 12 == t.global_step
+    assert v.summary()["optimizers"] == ["discriminator", "generator"]
+
+
+def test_gan_without_the_discriminators_zero_grad_is_caught(tmp_path: Path) -> None:
+    log = tmp_path / "gan.jsonl"
+    t = trainer(tmp_path, GradwatchCallback(log=log))
+    t.fit(Gan(forget_d_zero_grad=True), noise_data(n=48, batch=8))
+    v = judged(log)
+    assert ("missed_reset", "discriminator") in kinds(v)
+    assert all(f.optimizer == "discriminator" for f in v.findings())
+    missed = next(f for f in v.findings() if f.kind == "missed_reset")
+    assert missed.first_step == 1 and missed.steps == 5  # every step after the first
+    assert any(p.startswith("discriminator.") for p in missed.params)
+
+
+class _Named(Regressor):
+    """Two optimizers over parts of one child module (no child to name them after); the
+    module keeps the second as ``self.head_opt``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        self.head_opt = torch.optim.SGD(self.net[2].parameters(), lr=0.05)
+        return [torch.optim.SGD(self.net[0].parameters(), lr=0.05), self.head_opt]
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        opts = self.optimizers()  # Lightning's wrappers
+        for opt in opts:  # type: ignore[union-attr]
+            opt.zero_grad()
+        self.manual_backward(super().training_step(batch, batch_idx))
+        for opt in opts:  # type: ignore[union-attr]
+            opt.step()
+
+
+def test_optimizers_held_by_the_module_take_its_attribute_names(tmp_path: Path) -> None:
+    log = tmp_path / "named.jsonl"
+    trainer(tmp_path, GradwatchCallback(log=log), max_steps=3).fit(_Named(), regression_data())
+    v = judged(log)
+    # the one the module holds is named by its attribute; the other by class and position
+    assert v.summary()["optimizers"] == ["SGD#0", "head_opt"]
+
+
+def test_the_run_is_named_after_the_trainers_logger(tmp_path: Path) -> None:
+    log = tmp_path / "run.jsonl"
+    csv = CSVLogger(str(tmp_path / "logs"), name="exp")
+    trainer(tmp_path, GradwatchCallback(log=log), logger=csv, max_steps=2).fit(
+        Regressor(), regression_data())
+    assert read_log(log).header.run_name == "exp/version_0"
+    log2 = tmp_path / "given.jsonl"
+    trainer(tmp_path, GradwatchCallback(log=log2, run_name="mine"), logger=csv,
+            max_steps=2).fit(Regressor(), regression_data())
+    assert read_log(log2).header.run_name == "mine"
+
+
+def test_without_log_the_step_log_goes_to_the_trainers_log_dir(tmp_path: Path) -> None:
+    csv = CSVLogger(str(tmp_path / "logs"), name="exp")
+    trainer(tmp_path, GradwatchCallback(), logger=csv, max_steps=2).fit(
+        Regressor(), regression_data())
+    assert judged(tmp_path / "logs" / "exp" / "version_0" / "gradwatch.jsonl").summary()[
+        "steps"] == 2
+
+
+class _Boom(Regressor):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if batch_idx == 3:
+            raise RuntimeError("boom")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_fit_that_fails_closes_the_session_as_failed(tmp_path: Path) -> None:
+    log = tmp_path / "run.jsonl"
+    cb = GradwatchCallback(log=log)
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer(tmp_path, cb).fit(_Boom(), regression_data())
+    assert cb.handle is None
+    records = read_log(log).records
+    assert isinstance(records[-1], End) and records[-1].status == "failed"
+    assert records[-1].steps == 3
+    import torch.optim as optim  # the wrappers are gone with the session
+
+    assert not hasattr(optim.Optimizer.zero_grad, "__gradwatch_original__")
+
+
+class _Recorder(Logger):
+    """A logger that keeps what it is given, as TensorBoard or W&B would write it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "rec"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.logged.append((step, dict(metrics)))
+
+
+def test_log_metrics_hands_the_latest_written_steps_figures_to_the_loggers(
+        tmp_path: Path) -> None:
+    log = tmp_path / "run.jsonl"
+    rec = _Recorder()
+    t = trainer(tmp_path, GradwatchCallback(log=log, log_metrics=True), logger=rec,
+                log_every_n_steps=1, max_epochs=3)
+    t.fit(Gan(forget_d_zero_grad=True), noise_data(n=48, batch=8))
+    ours = [(s, m) for s, m in rec.logged if any(k.startswith("gradwatch/") for k in m)]
+    assert ours, rec.logged
+    steps = [r for r in read_log(log).records if isinstance(r, Step)]
+    for _, m in ours:
+        for opt in ("discriminator", "generator"):
+            if f"gradwatch/{opt}/drift" in m:  # the figures of one step in the log
+                assert any(s.opt == opt and s.drift == m[f"gradwatch/{opt}/drift"]
+                           and s.norm == m[f"gradwatch/{opt}/norm"]
+                           and s.fresh_norm == m[f"gradwatch/{opt}/fresh_norm"]
+                           for s in steps)
+        assert all(isinstance(v, float) for v in m.values())
+    assert ours[-1][1]["gradwatch/findings"] == 2.0  # missed_reset and the leak
+    assert max(m.get("gradwatch/discriminator/drift", 0.0) for _, m in ours) > 1.5
+
+
+def test_without_log_metrics_nothing_reaches_the_loggers(tmp_path: Path) -> None:
+    rec = _Recorder()
+    trainer(tmp_path, GradwatchCallback(log=tmp_path / "r.jsonl"), logger=rec,
+            log_every_n_steps=1, max_steps=4).fit(Regressor(), regression_data())
+    assert rec.logged and not any(k.startswith("gradwatch/") for _, m in rec.logged
+                                  for k in m)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(log="/"), "is a directory"),
+    (dict(server="127.0.0.1:8765"), "must be a URL"),
+    (dict(norms_every=-1), "norms_every= must be an int >= 0"),
+    (dict(log_metrics="yes"), "log_metrics= must be True or False"),
+])
+def test_wrong_arguments_fail_when_the_callback_is_built(kwargs: dict[str, Any],
+                                                         message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        GradwatchCallback(**kwargs)
+
+
+def test_ddp_ranks_write_one_run_each_rank_judged(tmp_path: Path) -> None:
+    """Two CPU processes (``ddp_spawn``, gloo): each rank writes its step log, tagged with its
+    rank, of one run (rank 0's id and name); the discriminator's missing zero_grad is caught
+    on both ranks and the generator stays clean."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    log = tmp_path / "run.jsonl"
+    t = trainer(tmp_path, GradwatchCallback(log=log, run_name="gan-ddp"), devices=2,
+                strategy=DDPStrategy(start_method="spawn", find_unused_parameters=True,
+                                     process_group_backend="gloo"))
+    t.fit(Gan(forget_d_zero_grad=True), noise_data(n=48, batch=8))
+    headers: list[Header] = []
+    for rank in (0, 1):
+        path = tmp_path / f"run.rank{rank}.jsonl"
+        headers.append(read_log(path).header)
+        v = judged(path)
+        assert v.summary()["steps"] == 6  # 3 batches per rank, two optimizers each
+        assert kinds(v) >= {("missed_reset", "discriminator")}
+        assert all(f.optimizer == "discriminator" for f in v.findings())
+    assert [(h.rank, h.world_size) for h in headers] == [(0, 2), (1, 2)]
+    assert headers[0].run == headers[1].run
+    assert {h.run_name for h in headers} == {"gan-ddp"}
+    assert not log.exists()
