@@ -67,7 +67,7 @@ def write_records(conn: sqlite3.Connection, st: RunState, rank: int, items: list
                 st.optimizers.append(r.opt)
             res.optimizers.append(OptimizerView(rank=rank, opt=r.opt, cls=r.cls,
                                                 params=r.params, shapes=r.shapes,
-                                                groups=r.groups))
+                                                groups=r.groups, label=r.label))
         elif isinstance(r, (Stats, End)):
             st.dropped[rank] = max(st.dropped.get(rank, 0), r.dropped)
             if isinstance(r, End):
