@@ -3,12 +3,13 @@
 Thread: training (the wrapper runs where the script builds an optimizer; the rest on the
 main thread).
 
-A script that only imports torch, or that never builds an optimizer, pays for none of the
-probe: until the first ``torch.optim.Optimizer`` is constructed only a thin wrapper of
-``Optimizer.__init__`` is installed. The first optimizer opens the session (a
-:class:`~gradwatch.probe.api.WatchHandle` in ``auto`` mode, which from then on attaches
-to every optimizer) and is attached to it. A process with no optimizer gets its session
-opened at :meth:`AutoSession.close`, so that its step log still says how the run ended.
+A script that only imports torch, or that never trains, pays for none of the probe: until
+the first ``torch.optim.Optimizer`` is constructed or the first backward runs, only thin
+wrappers of ``Optimizer.__init__`` and ``torch.autograd.backward`` are installed. The first
+of them opens the session (a :class:`~gradwatch.probe.api.WatchHandle` in ``auto`` mode,
+which from then on attaches to every optimizer), and an optimizer that opened it is
+attached to it. A process where neither happened gets a step log at
+:meth:`AutoSession.close` that still says how the run ended.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class AutoSession:
         """Print where the log goes when it is opened (the runner's process)."""
         self.failed: str | None = None
         """Why the session could not be opened, if it could not (training went on)."""
-        self._orig_init: Any = None
+        self._saved: list[tuple[Any, str, Any]] = []
 
     def fail(self, exc: BaseException) -> None:
         """Opening the session failed: say so once; the script runs on unwatched."""
@@ -79,38 +80,61 @@ class AutoSession:
 
     # ------------------------------------------------------------------ set-up
     def install(self) -> None:
-        """Wrap ``Optimizer.__init__`` so that the first optimizer opens the session."""
+        """Wrap ``Optimizer.__init__`` and ``torch.autograd.backward`` so that the first
+        optimizer, or the first backward (a loop that updates parameters by hand), opens the
+        session."""
         global _current
         import torch
 
         _current = self
-        cls = torch.optim.Optimizer
-        orig = cls.__dict__["__init__"]
-        self._orig_init = orig
         session = self
+        init = torch.optim.Optimizer.__dict__["__init__"]
+        backward = torch.autograd.__dict__["backward"]
+        self._saved = [(torch.optim.Optimizer, "__init__", init),
+                       (torch.autograd, "backward", backward)]
 
-        @functools.wraps(orig)
+        @functools.wraps(init)
         def __init__(opt: Any, *args: Any, **kwargs: Any) -> None:
-            orig(opt, *args, **kwargs)
-            if session.handle is None and session.failed is None and _current is session:
+            init(opt, *args, **kwargs)
+            if session.wanted() and (handle := session.try_open()) is not None:
                 try:
-                    session.open().tracker.attach(opt, instance_hooks=False)
+                    handle.tracker.attach(opt, instance_hooks=False)
                 except Exception as e:  # noqa: BLE001 - never break the script's constructor
                     session.fail(e)
 
-        cls.__init__ = __init__  # type: ignore[method-assign,assignment]
+        @functools.wraps(backward)
+        def first_backward(*args: Any, **kwargs: Any) -> Any:
+            if session.wanted() and session.try_open() is not None:
+                # through the probe's own wrapper, installed by now (it calls this one back)
+                return torch.autograd.backward(*args, **kwargs)
+            return backward(*args, **kwargs)
+
+        from gradwatch.probe.nocompile import skip_tracing
+
+        torch.optim.Optimizer.__init__ = __init__  # type: ignore[method-assign,assignment]
+        torch.autograd.backward = skip_tracing(first_backward, "gradwatch's start")
         from gradwatch.probe import workers
 
         workers.install()
 
-    def uninstall(self) -> None:
-        """Put ``Optimizer.__init__`` back (after the session closed)."""
-        global _current
-        if self._orig_init is not None:
-            import torch
+    def wanted(self) -> bool:
+        """Whether an event should open the session: not open yet, not failed, current."""
+        return self.handle is None and self.failed is None and _current is self
 
-            torch.optim.Optimizer.__init__ = self._orig_init  # type: ignore[method-assign]
-            self._orig_init = None
+    def try_open(self) -> WatchHandle | None:
+        """:meth:`open`, or None (said once) when it fails: training goes on unwatched."""
+        try:
+            return self.open()
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
+            return None
+
+    def uninstall(self) -> None:
+        """Put back what :meth:`install` wrapped (after the session closed)."""
+        global _current
+        for owner, attr, orig in reversed(self._saved):
+            setattr(owner, attr, orig)
+        self._saved = []
         if _current is self:
             _current = None
             from gradwatch.probe import workers

@@ -433,3 +433,26 @@ def test_a_session_that_cannot_open_leaves_training_alone(tmp_path: Path,
         session.close("finished", 0)
     assert session.failed and "cannot watch this run" in caplog.text
     assert torch.optim.Optimizer.__init__ is orig  # put back
+
+
+def test_compiled_training_step_under_run(tmp_path: Path) -> None:
+    """The session opens inside a compiled step (its first backward): still every step."""
+    prog = tmp_path / "compiled.py"
+    prog.write_text(textwrap.dedent('''
+        import torch
+        model = torch.nn.Linear(4, 1)
+
+        @torch.compile(backend="eager")
+        def grads(x):
+            model(x).pow(2).mean().backward()
+
+        grads(torch.randn(8, 4))  # the first backward, compiled, opens the session
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(4):
+            grads(torch.randn(8, 4))  # zero_grad forgotten
+            opt.step()
+    '''))
+    r = _run(["run", "--log", "c.jsonl", "--", str(prog)], tmp_path, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "4 optimizer steps, 1 finding" in r.stderr
+    assert "missed_reset  optimizer=opt  first_step=1  steps=3" in r.stderr
