@@ -1,4 +1,4 @@
-"""The watch session of ``gradwatch run``, opened when the script makes its first optimizer.
+"""The watch session of ``gradwatch run``, opened at the script's first optimizer or backward.
 
 Thread: training (the wrapper runs where the script builds an optimizer; the rest on the
 main thread).
@@ -54,7 +54,7 @@ def current() -> AutoSession | None:
 
 
 class AutoSession:
-    """Opens the watch session at the first optimizer; see the module docstring.
+    """Opens the watch session at the first optimizer or backward (module docstring).
 
     Use :meth:`install` before the script runs and :meth:`close` after it.
     """
