@@ -23,6 +23,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/probe_overhead.py
 	$(BIN)/python bench/server_ingest.py
 	$(BIN)/python bench/dashboard.py
+	$(BIN)/python bench/startup.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-artifacts

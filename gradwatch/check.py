@@ -1,6 +1,13 @@
-"""``gradwatch check LOG [--json]``: judge a step log, for people and for CI gates.
+"""``gradwatch check LOG [LOG ...] [--format text|json|sarif]``: judge a run's step logs, for
+people and for CI gates.
 
-Exit codes (a contract): 0 no findings, 1 findings, 2 the log is unreadable or invalid.
+Several logs are judged together when they are the streams of one run (its ranks, and the
+worker processes ``gradwatch run`` watched: ``check run.rank*.jsonl``); each finding names
+its rank. Logs of different runs given together are refused.
+
+Exit codes (a contract): 0 no findings, 1 findings, 2 a log is unreadable or invalid (or the
+logs are of different runs, or the arguments are wrong), 3 nothing was judged: no optimizer
+step in the logs, or the run failed before its first step. ``--json`` is ``--format json``.
 """
 
 from __future__ import annotations
@@ -8,43 +15,93 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from gradwatch.cliargs import CommandParser
-from gradwatch.steplog import StepLogError, read_log
-from gradwatch.verdict import verdict_of
+from gradwatch.steplog import StepLog, StepLogError, read_run
+from gradwatch.verdict import Verdict, stream_name, verdict_of_logs
+from gradwatch.wire import Finding
+
+FORMATS = ("text", "json", "sarif")
+
+
+def _parse(argv: Sequence[str]) -> tuple[list[str], str]:
+    parser = CommandParser(prog="gradwatch check", description=__doc__.splitlines()[0])
+    parser.add_argument("logs", nargs="+", metavar="LOG",
+                        help="step logs written by gradwatch (one run's ranks together)")
+    parser.add_argument("--format", choices=FORMATS, default=None,
+                        help="output: text (default), json (the --json contract) or sarif "
+                             "(SARIF 2.1.0 for code-scanning annotations)")
+    parser.add_argument("--json", action="store_true", help="same as --format json")
+    args = parser.parse_args(argv)
+    if args.json and args.format not in (None, "json"):
+        parser.error(f"--json and --format {args.format} disagree; give one of them")
+    return args.logs, "json" if args.json else (args.format or "text")
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = CommandParser(prog="gradwatch check", description=__doc__.splitlines()[0])
-    parser.add_argument("log", help="path of a step log written by gradwatch")
-    parser.add_argument("--json", action="store_true", help="print findings as JSON")
-    args = parser.parse_args(argv)
+    """Entry point of ``gradwatch check``; returns the exit code."""
+    paths, fmt = _parse(argv)
     try:
-        log = read_log(args.log)
+        logs = read_run(paths)
     except StepLogError as e:
         print(f"gradwatch check: {e}", file=sys.stderr)
         return 2
-    for w in log.warnings:
-        print(f"gradwatch check: warning: {w}", file=sys.stderr)
-    j = verdict_of([log.header, *log.records])
+    for log in logs:
+        for w in log.warnings:
+            print(f"gradwatch check: warning: {w}", file=sys.stderr)
+    j = verdict_of_logs(logs)
     findings = j.findings()
-    summary = j.summary()
-    if args.json:
-        out = {
-            "findings": [f.model_dump() for f in findings],
-            "summary": summary,
-        }
-        print(json.dumps(out, indent=2))
+    nothing = j.nothing_judged()
+    if fmt == "json":
+        print(json.dumps({"findings": [f.model_dump(mode="json") for f in findings],
+                          "summary": j.summary()}, indent=2))
+    elif fmt == "sarif":
+        from gradwatch.sarif import sarif_log
+
+        print(json.dumps(sarif_log(findings, logs, paths, nothing), indent=2))
     else:
-        name = log.header.run_name or log.header.run
-        print(f"{args.log}: run '{name}', {summary['steps']} optimizer steps, "
-              f"{len(findings)} finding{'s' if len(findings) != 1 else ''}")
-        for f in findings:
-            params = ", ".join(f.params[:6]) + (f", ... ({len(f.params)} in all)"
-                                                 if len(f.params) > 6 else "")
-            print(f"\n{f.kind}  optimizer={f.optimizer}  first_step={f.first_step}  "
-                  f"steps={f.steps}")
-            print(f"  params: {params or '-'}")
-            print(f"  {f.message}")
-            print(f"  fix: {f.fix}")
+        print("\n".join(_text(paths, logs, j, findings)))
+    if nothing:
+        print(f"gradwatch check: nothing judged: {nothing}", file=sys.stderr)
+        return 3
     return 1 if findings else 0
+
+
+def _text(paths: list[str], logs: list[StepLog], j: Verdict,
+          findings: list[Finding]) -> list[str]:
+    from gradwatch.report import finding_lines
+
+    s: dict[str, Any] = j.summary()
+    name = logs[0].header.run_name or logs[0].header.run
+    counted = (f"{s['steps']} optimizer steps, {len(findings)} "
+               f"finding{'s' if len(findings) != 1 else ''}")
+    several = len(logs) > 1
+    out = [f"run '{name}' ({len(logs)} logs): {counted}" if several
+           else f"{paths[0]}: run '{name}', {counted}"]
+    if several:
+        for log, st in zip(_by_stream(logs), s["streams"], strict=True):
+            out.append(f"  {stream_name((st['rank'], st['worker']))}: {st['steps']} steps, "
+                       f"{st['status'] or 'no end record'} ({log})")
+    nothing = s["nothing_judged"]
+    if nothing:
+        out.append(f"nothing judged: {nothing}")
+    elif s["status"] in ("failed", "interrupted"):
+        out.append(f"note: the run ended {s['status']}; judged the steps it made")
+    with_workers = {st["rank"] for st in s["streams"] if st["worker"] is not None}
+    for st in s["streams"] if several and not nothing else ():
+        # a process whose workers trained (Hogwild) need not step itself
+        launched_idle = st["worker"] is None and st["rank"] in with_workers
+        if not st["steps"] and not launched_idle:
+            out.append(f"note: {stream_name((st['rank'], st['worker']))} made no optimizer "
+                       f"step")
+    for f in findings:
+        out.append("")
+        out += finding_lines(f, streams=several)
+    return out
+
+
+def _by_stream(logs: list[StepLog]) -> list[str]:
+    """The logs' paths in the order :meth:`Verdict.summary` lists its streams."""
+    ordered = sorted(logs, key=lambda log: (log.header.rank, log.header.worker or 0))
+    return [str(log.path) for log in ordered]

@@ -15,7 +15,7 @@ from gradwatch.extras import SERVER, TORCH, Requirement
 
 COMMANDS = {
     "run": ("gradwatch.probe.runner", "run a training script under the probe"),
-    "check": ("gradwatch.check", "judge a step log; exit 1 on findings (for CI)"),
+    "check": ("gradwatch.check", "judge a run's step logs; exit 1 on findings, 3 on nothing"),
     "serve": ("gradwatch.server.cli", "start the server and dashboard"),
     "replay": ("gradwatch.replay", "send a saved step log into a server as a run"),
     "demo": ("gradwatch.demo", "server + dashboard + a demo training run with bugs"),

@@ -82,6 +82,8 @@ class OptimizerView(_Frame):
     params: list[str]
     shapes: list[list[int]]
     groups: list[int]
+    label: str | None = None
+    """What the user calls it (``OptimizerInfo.label``); findings name it so."""
 
 
 class ResetCount(_Frame):

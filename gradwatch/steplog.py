@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -39,6 +39,8 @@ class StepLog:
     records: list[Any]
     """Every record after the header, in file order."""
     warnings: list[str] = field(default_factory=list)
+    path: str = ""
+    """Where it was read from."""
 
 
 def _describe(err: ValidationError) -> str:
@@ -115,7 +117,39 @@ def read_log(path: str | os.PathLike[str]) -> StepLog:
             records.append(rec)
     if header is None:  # pragma: no cover - iter_lines guarantees a header first
         raise StepLogError(path, 1, "no header line")
-    return StepLog(header, records, warnings)
+    return StepLog(header, records, warnings, str(path))
+
+
+def read_run(paths: Sequence[str | os.PathLike[str]]) -> list[StepLog]:
+    """Read the step logs of one run's streams: its ranks, and the worker processes
+    ``gradwatch run`` watched (``check run.rank*.jsonl``). A path given twice is read once.
+
+    Raises:
+        StepLogError: a log cannot be read (see :func:`iter_lines`); the logs are of
+            different runs; or two logs are the same stream (rank and worker) of the run.
+    """
+    read: dict[str, tuple[str, StepLog]] = {}
+    for p in paths:
+        real = os.path.realpath(p)
+        if real not in read:
+            read[real] = (str(p), read_log(p))
+    runs: dict[str, list[str]] = {}
+    for path, log in read.values():
+        runs.setdefault(log.header.run, []).append(path)
+    if len(runs) > 1:
+        listed = "; ".join(f"run '{r}': {', '.join(ps)}" for r, ps in runs.items())
+        raise StepLogError(next(iter(read.values()))[0], None,
+                           f"these logs are of different runs ({listed}); check one run's "
+                           f"logs at a time")
+    streams: dict[tuple[int, int | None], str] = {}
+    for path, log in read.values():
+        h = log.header
+        other = streams.setdefault((h.rank, h.worker), path)
+        if other != path:
+            who = f"rank {h.rank}" + (f" worker {h.worker}" if h.worker is not None else "")
+            raise StepLogError(path, None, f"{other} and {path} are both {who} of run "
+                                           f"'{h.run}': give each stream's log once")
+    return [log for _, log in read.values()]
 
 
 class StepLogWriter:

@@ -2,17 +2,23 @@
 
 The probe records, per optimizer step, the facts it observed on ``.grad`` (stale, leaked,
 late and discarded contributions). This module turns those facts into findings, grouped by
-(rank, optimizer, kind), with a message and a fix. It imports neither torch nor fastapi, so
-``gradwatch check``, the server and the probe's exit verdict can never disagree.
+(stream, optimizer, kind), with a message and a fix; a stream is a rank, or a worker process
+of one. Findings name optimizers by their display names (``OptimizerInfo.label``). It
+imports neither torch nor fastapi, so ``gradwatch check``, the server and the probe's exit
+verdict can never disagree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gradwatch.wire import End, Finding, FindingKind, Header, OptimizerInfo, Stats, Step
+from gradwatch.locations import located_fix
+from gradwatch.wire import End, Finding, FindingKind, Header, OptimizerInfo, Stats, Step, Where
+
+if TYPE_CHECKING:
+    from gradwatch.steplog import StepLog
 
 FINDING_FACTS: tuple[str, ...] = ("stale", "leaked", "late", "discarded")
 """The per-step counts findings are made of, by name (``late`` counts ``Step.late_params``).
@@ -47,6 +53,11 @@ def fact_counts(step: Step) -> tuple[int, int, int, int]:
     return step.stale, step.leaked, len(step.late_params), step.discarded
 
 
+def generic_fix(kind: str) -> str:
+    """The fix of a finding kind when no line of it is known ("" for an unknown kind)."""
+    return _FIX.get(kind, "")  # type: ignore[call-overload]
+
+
 def carries_facts(counts: Iterable[int]) -> bool:
     """Whether :data:`FINDING_FACTS` counts (never negative) hold a finding fact.
 
@@ -63,18 +74,21 @@ def has_finding_facts(step: Step) -> bool:
 
 def unnamed_param(index: int) -> str:
     """The name a finding gives a parameter its optimizer record does not name."""
-    return f"param[{index}]"
+    return f"param{index}"
 
 
-def _explain(kind: FindingKind, opt: str, n: int, first: int, stats: dict[str, int]) -> str:
+def _explain(kind: FindingKind, opt: str, n: int, first: int, g: _Group) -> str:
     steps = f"{n} step{'s' if n != 1 else ''} from step {first}"
+    stats = g.counts
     if kind == "missed_reset":
-        piled = stats.get("piled", 0)
-        worst = (f"; at worst .grad held {piled} backward passes' worth where 1 was fresh"
-                 if piled > 1 else "")
+        worst = ""
+        if g.worst_consumed > g.worst_fresh:
+            fresh = g.worst_fresh or "none"
+            worst = (f"; at worst, step {g.worst_step} read {g.worst_consumed} gradient "
+                     f"contributions where {fresh} {'was' if fresh == 1 else 'were'} fresh")
         return (
-            f"{opt} re-applied gradients it had already stepped on, over {steps}{worst}, "
-            f"so each update repeats old ones ({stats['stale']} stale contributions)."
+            f"{opt} re-applied gradients it had already stepped on, over {steps}, so each "
+            f"update repeats old ones ({stats['stale']} stale contributions{worst})."
         )
     if kind == "cross_optimizer_leak":
         return (
@@ -92,53 +106,78 @@ def _explain(kind: FindingKind, opt: str, n: int, first: int, stats: dict[str, i
     )
 
 
+Stream = tuple[int, int | None]
+"""Whose records: ``(rank, worker)``; ``worker`` is None outside worker processes."""
+
+
 @dataclass
 class _Group:
     kind: FindingKind
     opt: str
-    rank: int
+    stream: Stream
     first_step: int
     last_step: int
     steps: int = 0
     params: dict[int, None] = field(default_factory=dict)  # ordered set of indices
     counts: dict[str, int] = field(default_factory=lambda: {"stale": 0, "leaked": 0,
-                                                             "discarded": 0, "late": 0,
-                                                             "piled": 0})
+                                                             "discarded": 0, "late": 0})
+    worst_step: int = 0
+    """missed_reset: the step that read the most contributions, and what it read."""
+    worst_consumed: int = 0
+    worst_fresh: int = 0
+    reset_how: str | None = None
+    """late_reset, discarded_accumulation: how the first offending reset was done."""
+    where: list[Where] = field(default_factory=list)
+
+
+@dataclass
+class _StreamState:
+    steps: int = 0
+    status: str | None = None
+    exit_code: int | None = None
 
 
 class Verdict:
     """Incrementally turns records into findings.
 
-    Feed records in any rank interleaving (each rank in its own order); read
-    :meth:`findings` and :meth:`summary` at any time.
+    Feed records of any number of streams (ranks, and worker processes of a rank) in any
+    interleaving, each stream in its own order; read :meth:`findings` and :meth:`summary`
+    at any time.
     """
 
     def __init__(self) -> None:
-        self._params: dict[tuple[int, str], list[str]] = {}
-        self._groups: dict[tuple[int, str, str], _Group] = {}
-        self._steps = 0
+        self._params: dict[tuple[Stream, str], list[str]] = {}
+        self._labels: dict[tuple[Stream, str], str] = {}
+        self._groups: dict[tuple[Stream, str, str], _Group] = {}
+        self._streams: dict[Stream, _StreamState] = {}
         self._skipped = 0
-        self._dropped: dict[int, int] = {}
-        self._status: str | None = None
+        self._dropped: dict[Stream, int] = {}
         self._header: Header | None = None
         self._max_drift: float | None = None
 
-    def feed(self, record: Any, rank: int = 0) -> list[Finding]:
-        """Take one record from ``rank``; return the findings it created or changed."""
+    def feed(self, record: Any, rank: int = 0, worker: int | None = None) -> list[Finding]:
+        """Take one record of stream ``(rank, worker)``; return the findings it created or
+        changed."""
+        stream = (rank, worker)
+        state = self._streams.get(stream)
+        if state is None:
+            state = self._streams[stream] = _StreamState()
         if isinstance(record, Header):
             self._header = self._header or record
         elif isinstance(record, OptimizerInfo):
-            self._params[(rank, record.opt)] = record.params
+            self._params[(stream, record.opt)] = record.params
+            if record.label:
+                self._labels[(stream, record.opt)] = record.label
         elif isinstance(record, (Stats, End)):
-            self._dropped[rank] = max(self._dropped.get(rank, 0), record.dropped)
+            self._dropped[stream] = max(self._dropped.get(stream, 0), record.dropped)
             if isinstance(record, End):
-                self._status = record.status
+                state.status, state.exit_code = record.status, record.exit_code
         elif isinstance(record, Step):
-            return self._feed_step(record, rank)
+            state.steps += 1
+            return self._feed_step(record, stream)
         return []
 
-    def _feed_step(self, s: Step, rank: int) -> list[Finding]:
-        self._steps += 1
+    def _feed_step(self, s: Step, stream: Stream) -> list[Finding]:
         self._skipped += s.skipped
         if s.drift is not None and s.drift == s.drift:  # NaN never compares equal
             self._max_drift = s.drift if self._max_drift is None else max(
@@ -157,59 +196,105 @@ class Verdict:
                          s.discarded))
         changed = []
         for kind, params, counter, n in hits:
-            key = (rank, s.opt, kind)
+            key = (stream, s.opt, kind)
             g = self._groups.get(key)
             if g is None:
-                g = self._groups[key] = _Group(kind, s.opt, rank, s.step, s.step)
+                g = self._groups[key] = _Group(kind, s.opt, stream, s.step, s.step)
             g.steps += 1
             g.first_step = min(g.first_step, s.step)
             g.last_step = max(g.last_step, s.step)
             g.counts[counter] += n
-            if kind == "missed_reset" and s.fresh:
-                # consumed/fresh: how many backward passes' worth each gradient carried
-                g.counts["piled"] = max(g.counts["piled"], round(s.consumed / s.fresh))
+            if kind == "missed_reset" and s.consumed > g.worst_consumed:
+                g.worst_step, g.worst_consumed, g.worst_fresh = s.step, s.consumed, s.fresh
+            if g.reset_how is None and kind in ("late_reset", "discarded_accumulation"):
+                g.reset_how = next((r.how for r in s.resets if (
+                    r.after_backward if kind == "late_reset" else r.discarded)), None)
             for i in params:
                 g.params.setdefault(i, None)
             changed.append(self._finding(g))
         return changed
 
     def _finding(self, g: _Group) -> Finding:
-        names = self._params.get((g.rank, g.opt)) or self._params.get((0, g.opt)) or []
+        rank, worker = g.stream
+        names = self._params.get((g.stream, g.opt)) or self._params.get(
+            ((0, None), g.opt)) or []
         params = [names[i] if i < len(names) else unnamed_param(i) for i in g.params]
+        opt = self._labels.get((g.stream, g.opt), g.opt)
         return Finding(
             kind=g.kind,
-            optimizer=g.opt,
+            optimizer=opt,
             first_step=g.first_step,
             last_step=g.last_step,
             steps=g.steps,
             params=params,
-            message=_explain(g.kind, g.opt, g.steps, g.first_step, g.counts),
-            fix=_FIX[g.kind],
-            rank=g.rank,
+            message=_explain(g.kind, opt, g.steps, g.first_step, g),
+            fix=located_fix(g.kind, opt, g.where, g.reset_how) or _FIX[g.kind],
+            rank=rank,
+            where=g.where,
+            worker=worker,
         )
 
     def findings(self) -> list[Finding]:
         """All findings so far, ordered by first step."""
         out = [self._finding(g) for g in self._groups.values()]
-        return sorted(out, key=lambda f: (f.first_step, f.rank, f.optimizer, f.kind))
+        return sorted(out, key=lambda f: (f.first_step, f.rank, f.worker or 0, f.optimizer,
+                                          f.kind))
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps judged, over every stream."""
+        return sum(st.steps for st in self._streams.values())
+
+    def nothing_judged(self) -> str | None:
+        """Why nothing was judged (no optimizer step in any stream), or None if something
+        was. The reason says whether the run failed before its first step."""
+        if self.steps:
+            return None
+        failed = [(stream, st) for stream, st in self._streams.items()
+                  if st.status == "failed"]
+        if failed:
+            stream, st = failed[0]
+            code = f" (exit code {st.exit_code})" if st.exit_code is not None else ""
+            who = f" ({stream_name(stream)})" if len(self._streams) > 1 else ""
+            return f"the run failed before its first optimizer step{who}{code}"
+        if any(st.status is None for st in self._streams.values()):
+            return ("no optimizer step in the log, and it has no end record: the run was "
+                    "killed, or is still running, before its first step")
+        return "no optimizer step in the log: the run never stepped an optimizer"
 
     def summary(self) -> dict[str, Any]:
         """Run-level figures, as ``gradwatch check --json`` prints them."""
         by_kind: dict[str, int] = {}
         for g in self._groups.values():
             by_kind[g.kind] = by_kind.get(g.kind, 0) + 1
+        statuses = {st.status for st in self._streams.values()}
+        status = next((s for s in ("failed", "interrupted", "finished") if s in statuses),
+                      None)
         return {
             "run": self._header.run if self._header else None,
             "run_name": self._header.run_name if self._header else None,
-            "steps": self._steps,
+            "steps": self.steps,
             "skipped_steps": self._skipped,
-            "optimizers": sorted({opt for (_, opt) in self._params}),
+            "optimizers": sorted({self._labels.get(k, k[1]) for k in self._params}),
             "findings": sum(by_kind.values()),
             "by_kind": by_kind,
             "max_drift": self._max_drift,
             "dropped": sum(self._dropped.values()),
-            "status": self._status,
+            "status": status,
+            "nothing_judged": self.nothing_judged(),
+            "streams": [{"rank": r, "worker": w, "steps": st.steps, "status": st.status,
+                         "exit_code": st.exit_code}
+                        for (r, w), st in sorted(self._streams.items(),
+                                                 key=lambda x: (x[0][0], x[0][1] or 0))],
         }
+
+
+def stream_name(stream: Stream) -> str:
+    """``rank 1``, ``worker 2`` or ``rank 1 worker 2``."""
+    rank, worker = stream
+    if worker is None:
+        return f"rank {rank}"
+    return f"worker {worker}" if rank == 0 else f"rank {rank} worker {worker}"
 
 
 def verdict_of(records: Iterable[Any]) -> Verdict:
@@ -217,4 +302,17 @@ def verdict_of(records: Iterable[Any]) -> Verdict:
     j = Verdict()
     for r in records:
         j.feed(r)
+    return j
+
+
+def verdict_of_logs(logs: Iterable[StepLog]) -> Verdict:
+    """The verdict of the step logs of one run's streams together (see
+    :func:`gradwatch.steplog.read_run`), each stream tagged by its header's rank and
+    worker."""
+    j = Verdict()
+    for log in logs:
+        h = log.header
+        j.feed(h, h.rank, h.worker)
+        for r in log.records:
+            j.feed(r, h.rank, h.worker)
     return j

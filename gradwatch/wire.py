@@ -82,6 +82,9 @@ class Header(_Record):
     pid: NonNegInt = 0
     argv: list[str] = Field(default_factory=list, max_length=256)
     norms_every: NonNegInt = 1
+    worker: NonNegInt | None = None
+    """Set in a process the training script started itself (``torch.multiprocessing``
+    workers under ``gradwatch run``): its number in the run; None in a launched process."""
 
     @field_validator("v")
     @classmethod
@@ -109,6 +112,9 @@ class OptimizerInfo(_Record):
     shapes: list[list[NonNegInt]] = Field(default_factory=list, max_length=100_000)
     groups: list[NonNegInt] = Field(default_factory=list, max_length=100_000)
     """Parameter-group index of each parameter."""
+    label: str | None = Field(default=None, max_length=200)
+    """What the user calls it, where the probe could see it (the variable holding it, as
+    ``dec_opt``); findings show it instead of ``opt``, which stays the id in records."""
 
 
 class Reset(_Model):
@@ -225,6 +231,15 @@ class IngestBatch(_Model):
         return Header._known_version(v)
 
 
+class Where(_Model):
+    """A source line a finding involves: the user's call of a backward, a reset or a step."""
+
+    role: Literal["backward", "reset", "step"]
+    file: str
+    line: NonNegInt
+    function: str
+
+
 class Finding(_Model):
     """A judged bug, as ``gradwatch check --json`` prints it (a contract)."""
 
@@ -238,6 +253,9 @@ class Finding(_Model):
     message: str
     fix: str
     rank: NonNegInt = 0
+    where: list[Where] = []
+    worker: NonNegInt | None = None
+    """The worker process (see :attr:`Header.worker`) the finding is in, if any."""
 
 
 def _parse_nonfinite(v: Any) -> Any:

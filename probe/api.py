@@ -13,20 +13,18 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradwatch import __version__
 from gradwatch.probe import names, patches, runinfo
 from gradwatch.probe.tracker import Tracker
 from gradwatch.probe.writer import RecordWriter, StepFigures
-from gradwatch.wire import End, Finding, Header, Stats
+from gradwatch.wire import End, Finding, Stats
 
 if TYPE_CHECKING:
     from gradwatch.stream import Streamer
@@ -129,23 +127,26 @@ class WatchHandle:
                  log: str | os.PathLike[str] | None = None, server: str | None = None,
                  run_name: str | None = None, norms_every: int = 1,
                  run_id: str | None = None, auto: bool = False,
-                 namer: names.Namer | None = None) -> None:
+                 namer: names.Namer | None = None,
+                 labeler: Callable[[torch.optim.Optimizer], str | None] | None = None,
+                 worker: int | None = None, exact_log: bool = False) -> None:
+        """``watch()``'s arguments, and for ``gradwatch run``: ``auto`` (attach to every
+        optimizer), ``namer`` and ``labeler`` (parameter names and optimizer labels found
+        in the script), ``worker`` (this is a worker process the script started: its
+        number, for the header) and ``exact_log`` (``log`` is already this process's path:
+        no ``.rank<R>`` is added)."""
         self.run_id = runinfo.run_id(run_id)
         self.rank, self.world_size = runinfo.rank_world()
         self.server = server
         path: Path | None = None
         if log is not None:
-            path = runinfo.log_path(log, self.rank, self.world_size)
+            path = (Path(log) if exact_log
+                    else runinfo.log_path(log, self.rank, self.world_size))
         elif server is not None:
             path = runinfo.spool_path(self.run_id, self.rank)
         self.path = path
-        now = time.time()
-        header = Header(seq=0, t=now, run=self.run_id,
-                        run_name=(run_name or self.run_id)[:200], rank=self.rank,
-                        world_size=self.world_size, torch_version=torch.__version__[:64],
-                        gradwatch_version=__version__, started=now,
-                        host=socket.gethostname()[:255], pid=os.getpid(),
-                        argv=[str(a) for a in sys.argv[:256]], norms_every=norms_every)
+        header = runinfo.header(self.run_id, run_name, self.rank, self.world_size,
+                                norms_every, worker)
         self.writer = RecordWriter(header, path)
         self.streamer: Streamer | None = None
         if server is not None and path is not None:
@@ -154,7 +155,7 @@ class WatchHandle:
         if namer is None and model is not None:
             namer = names.from_model(model)
         self.tracker = Tracker(self.writer.put, norms_every=norms_every, namer=namer,
-                               auto=auto, on_disable=self._on_disable)
+                               auto=auto, on_disable=self._on_disable, labeler=labeler)
         self._closed = False
         patches.register(self.tracker, auto=auto)
         try:

@@ -44,11 +44,32 @@ def skip_tracing(fn: Callable[..., Any], why: str,
     """Mark ``fn`` so that Dynamo never compiles its frame and graph-breaks at a call to it
     instead of inlining it; frames it calls compile as usual. Returns ``fn``."""
     try:
-        from torch._dynamo.eval_frame import skip_code
+        _skip_code(fn.__code__)
     except ImportError:  # another torch layout: Dynamo traces it like user code
         return fn
-    skip_code(fn.__code__)
     fn._torchdynamo_disable = True  # type: ignore[attr-defined]
     fn._torchdynamo_disable_msg = why  # type: ignore[attr-defined]
     fn._torchdynamo_orig_callable = orig or fn  # type: ignore[attr-defined]
     return fn
+
+
+def _skip_code(code: Any) -> None:
+    """``torch._dynamo.eval_frame.skip_code`` through the C extension it calls: importing
+    ``torch._dynamo`` takes longer than the rest of ``gradwatch run``'s start, and a program
+    that never compiles never needs it.
+
+    Raises:
+        ImportError: neither the C calls nor ``torch._dynamo`` have them (another torch).
+    """
+    try:
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+    except ImportError:
+        from torch._dynamo.eval_frame import skip_code
+
+        skip_code(code)
+        return
+    set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))

@@ -1,10 +1,20 @@
-"""``gradwatch run [--log PATH] [--server URL] [--name NAME] -- SCRIPT.py [ARGS...]``.
+"""``gradwatch run [--log PATH] [--server URL] [--name NAME] [--fail-on-findings] -- SCRIPT.py
+[ARGS...]``.
 
 Runs a training script unmodified in this process (like ``python -m cProfile``: ``runpy``,
-``sys.argv`` set, ``__main__`` semantics; ``-- -m MODULE`` runs a module), attaching to every
-``torch.optim.Optimizer`` the script creates or steps. Writes the step log, prints a short
-verdict to stderr at exit, and exits with the script's own exit code (1 after an uncaught
-exception, whose traceback is printed). Wrong arguments exit 2.
+``sys.argv`` set, ``__main__`` semantics; ``-- -m MODULE`` runs a module, and a Python
+console script on the ``PATH`` runs by its name), attaching to every
+``torch.optim.Optimizer`` the script creates, in this process and in the worker processes
+it starts itself (:mod:`.workers`). Writes the step log (replacing one an earlier run left
+at the same path), prints a verdict to stderr at exit that says what happened, and exits
+with the script's own exit code (1 after an uncaught exception, whose traceback, the
+script's own frames only, is printed); with ``--fail-on-findings``, 1 also when the script
+succeeded and there are findings. Wrong arguments exit 2.
+
+Under torchrun each rank runs its own ``gradwatch run``:
+``torchrun --nproc_per_node 2 -m gradwatch run --step-log run.jsonl -- train.py``
+(``--step-log`` is ``--log``, spelt so that torchrun's parser does not take it for an
+abbreviation of its own ``--log-dir``).
 
 Thread: the main thread, which runs the script (its training thread).
 """
@@ -14,18 +24,20 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import shutil
 import sys
+import tempfile
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from gradwatch.cliargs import CommandParser
-from gradwatch.wire import Finding
+from gradwatch.probe import runreport
+from gradwatch.probe.runreport import Outcome
 
 _USAGE = ("gradwatch run [--log PATH] [--server URL] [--name NAME] [--norms-every N] "
-          "-- SCRIPT.py [ARGS...] | -- -m MODULE [ARGS...]")
-
-
+          "[--fail-on-findings] -- SCRIPT.py [ARGS...] | -- -m MODULE [ARGS...]")
+_VALUED = ("--log", "--step-log", "--server", "--name", "--norms-every")
 
 
 def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -38,7 +50,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         it = iter(range(len(argv)))
         for i in it:
             a = argv[i]
-            if a in ("--log", "--server", "--name", "--norms-every") and i + 1 < len(argv):
+            if a in _VALUED and i + 1 < len(argv):
                 ours += [a, argv[i + 1]]
                 next(it, None)
             elif a.startswith("-") and a not in ("-m",):
@@ -47,13 +59,17 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                 target = argv[i:]
                 break
     p = CommandParser(prog="gradwatch run", usage=_USAGE, description=__doc__.splitlines()[0])
-    p.add_argument("--log", default=os.environ.get("GRADWATCH_LOG"),
-                   help="step log path (default: gradwatch-<run id>.jsonl here)")
+    p.add_argument("--log", "--step-log", dest="log", default=os.environ.get("GRADWATCH_LOG"),
+                   help="step log path (default: gradwatch-<run id>.jsonl here; a log an "
+                        "earlier run left there is replaced). Under torchrun, spell it "
+                        "--step-log: torchrun reads --log as its own --log-dir")
     p.add_argument("--server", default=os.environ.get("GRADWATCH_SERVER"),
                    help="gradwatch server URL to stream to")
     p.add_argument("--name", default=None, help="run name (default: the script name)")
     p.add_argument("--norms-every", type=int, default=1,
                    help="sample gradient norms every N steps (0 = never)")
+    p.add_argument("--fail-on-findings", action="store_true",
+                   help="exit 1 when the script succeeded but there are findings (for CI)")
     args = p.parse_args(ours)
     if not target:
         p.error("nothing to run: put the script after --, e.g. "
@@ -62,14 +78,50 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         if len(target) < 2:
             p.error("-m needs a module name, e.g. gradwatch run -- -m mypkg.train")
     elif not Path(target[0]).is_file():
-        p.error(f"script not found: {target[0]}")
+        # console scripts of this environment sit beside its interpreter, on PATH or not
+        search = os.pathsep.join((os.environ.get("PATH", ""), os.path.dirname(sys.executable)))
+        found = shutil.which(target[0], path=search) if os.sep not in target[0] else None
+        if found is None:
+            p.error(f"script not found: {target[0]}")
+        elif not _is_python(found):
+            p.error(f"{target[0]} is not a Python script ({found}); gradwatch run runs "
+                    f"Python scripts and modules in its own process")
+        target = [found, *target[1:]]
     if args.norms_every < 0:
         p.error("--norms-every must be >= 0")
+    if args.log is not None and Path(args.log).is_dir():
+        p.error(f"--log {args.log} is a folder; give a file path such as "
+                f"{Path(args.log) / 'run.jsonl'}")
+    if args.log is not None:
+        from gradwatch.probe.autostart import is_other_file
+
+        try:  # the log's folder now: a typo must not cost a training run
+            folder = Path(args.log).absolute().parent
+            folder.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as e:
+            p.error(f"--log {args.log}: cannot write there ({e.strerror or e})")
+
+        if is_other_file(Path(args.log)):
+            p.error(f"--log {args.log} is a file that is not a gradwatch step log; give "
+                    f"another path (a step log of an earlier run there would be replaced)")
     return args, target
 
 
-def _run_target(target: list[str]) -> int:
-    """Run the script or module as ``__main__``; return its exit code."""
+def _is_python(path: str) -> bool:
+    """Whether ``path`` is a Python script (``.py``, or a ``#!...python`` first line)."""
+    if path.endswith(".py"):
+        return True
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(256)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
+
+
+def _run_target(target: list[str]) -> Outcome:
+    """Run the script or module as ``__main__``; return how it ended."""
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     try:
         if target[0] == "-m":
@@ -84,21 +136,21 @@ def _run_target(target: list[str]) -> int:
             else:
                 sys.path.insert(0, os.path.dirname(script))
             runpy.run_path(script, run_name="__main__")
-        return 0
+        return Outcome(0)
     except SystemExit as e:
         code = e.code
         if code is None:
-            return 0
+            return Outcome(0)
         if isinstance(code, int):
-            return code
+            return Outcome(code)
         print(code, file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        return 130
-    except BaseException:  # noqa: BLE001 - the script's error, reported like python does
-        traceback.print_exc()
-        return 1
+        return Outcome(1)
+    except KeyboardInterrupt as e:
+        _print_script_traceback(e)
+        return Outcome(130, "KeyboardInterrupt")
+    except BaseException as e:  # noqa: BLE001 - the script's error, reported like python does
+        started = _print_script_traceback(e)
+        return Outcome(1, f"{type(e).__name__}: {e}"[:300], started)
     finally:
         sys.argv = saved_argv
         if target[0] == "-m" and sys.path and sys.path[0] == os.getcwd():
@@ -107,46 +159,42 @@ def _run_target(target: list[str]) -> int:
             sys.path[0] = saved_path0
 
 
-def _verdict(findings: list[Finding], steps: int, path: Path | None, disabled: str | None,
-             dropped: int) -> str:
-    lines = []
-    where = f" (step log: {path})" if path else ""
-    if disabled:
-        lines.append(f"gradwatch: the probe turned itself off: {disabled}")
-    if not findings:
-        lines.append(f"gradwatch: {steps} optimizer steps, no gradient-reset bug found"
-                     f"{where}")
-    else:
-        lines.append(f"gradwatch: {steps} optimizer steps, {len(findings)} finding"
-                     f"{'s' if len(findings) != 1 else ''}{where}")
-        for f in findings:
-            params = ", ".join(f.params[:4]) + (" ..." if len(f.params) > 4 else "")
-            lines.append(f"  {f.kind}  {f.optimizer}  first_step={f.first_step}  "
-                         f"steps={f.steps}  params: {params}")
-            lines.append(f"    fix: {f.fix}")
-    if dropped:
-        lines.append(f"gradwatch: {dropped} records were dropped (queue full)")
-    return "\n".join(lines)
+def _print_script_traceback(e: BaseException) -> bool:
+    """Print ``e`` as python would for the script: without this runner's and runpy's frames
+    on top. Returns whether any of the script's frames was left (False: the script or
+    module could not be loaded at all)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_globals.get("__name__") in ("runpy", __name__):
+        tb = tb.tb_next
+    print("".join(traceback.format_exception(type(e), e, tb)), end="", file=sys.stderr)
+    return tb is not None
 
 
 def main(argv: Sequence[str]) -> int:
     """Entry point of ``gradwatch run``; returns the exit code."""
     args, target = _parse(argv)
-    from gradwatch.probe import names, runinfo
-    from gradwatch.probe.api import WatchHandle
+    from gradwatch.probe.autostart import AutoSession, Plan
 
-    run = runinfo.run_id(None)
-    log = args.log
-    if log is None:
+    name = (args.name or (target[1] if target[0] == "-m" else Path(target[0]).stem))[:200]
+    log, run = args.log, None
+    if log is None:  # the default name needs the run id now
+        from gradwatch.probe import runinfo
+
+        run = runinfo.run_id(None)
         log = f"gradwatch-{run}.jsonl"
-    name = args.name or (target[1] if target[0] == "-m" else Path(target[0]).stem)
-    handle = WatchHandle([], run_id=run, log=log, server=args.server, run_name=name,
-                         norms_every=args.norms_every, auto=True,
-                         namer=names.from_live_modules)
-    print(f"gradwatch: writing the step log to {handle.path}", file=sys.stderr)
-    code = _run_target(target)
-    status = "finished" if code == 0 else ("interrupted" if code == 130 else "failed")
-    handle.close(status=status, exit_code=code)
-    print(_verdict(handle.findings(), handle.tracker.steps, handle.path,
-                   handle.tracker.disabled, handle.writer.dropped), file=sys.stderr)
-    return code
+    session = AutoSession(Plan(log=log, run_name=name, norms_every=args.norms_every,
+                               server=args.server, run=run))
+    launcher = runreport.launcher(target, args.log or "run.jsonl")
+    if launcher:
+        print(f"gradwatch: {launcher}", file=sys.stderr)
+    session.install()
+    outcome = _run_target(target)
+    session.close(outcome.status, outcome.code)
+    findings, steps, streams = runreport.judge(session)
+    print(runreport.verdict(outcome, findings, steps, streams, session, launcher),
+          file=sys.stderr)
+    if args.fail_on_findings and outcome.code == 0 and findings:
+        return 1
+    return outcome.code
+
+

@@ -60,10 +60,11 @@ class Tracker:
 
     __slots__ = ("on", "backwards", "ledgers", "marks", "by_param", "handles", "own_hooks",
                  "post_hooked", "unhooked", "emit", "norms_every", "namer", "auto",
-                 "on_disable", "disabled", "steps", "_names_taken")
+                 "on_disable", "disabled", "steps", "_names_taken", "labeler", "labels")
 
     def __init__(self, emit: Emit, *, norms_every: int = 1, namer: Namer | None = None,
-                 auto: bool = False, on_disable: Callable[[str], None] | None = None):
+                 auto: bool = False, on_disable: Callable[[str], None] | None = None,
+                 labeler: Callable[[torch.optim.Optimizer], str | None] | None = None):
         self.on = True
         """False once turned off (an internal error, or closed)."""
         self.backwards = Backwards()
@@ -86,6 +87,9 @@ class Tracker:
         self.disabled: str | None = None
         self.steps = 0
         self._names_taken: set[str] = set()
+        self.labeler = labeler
+        """Finds what the user calls an optimizer given no name (its display label)."""
+        self.labels: dict[Ledger, str] = {}
 
     # ---------------------------------------------------------------- attach
     def attach(self, opt: torch.optim.Optimizer, name: str | None = None,
@@ -100,12 +104,16 @@ class Tracker:
             for p in group["params"]:
                 params.append(p)
                 groups.append(gi)
+        label = self.labeler(opt) if name is None and self.labeler is not None else None
         if name is None:
             name = f"{type(opt).__name__}#{len(self.ledgers)}"
         while name in self._names_taken:
             name += "'"
         self._names_taken.add(name)
         led = Ledger(opt, name, params, groups, self.backwards, self.norms_every)
+        if label:  # unique: a label two optimizers share gets the id too
+            self.labels[led] = (label if label not in self.labels.values()
+                                else f"{label} ({name})")
         self.ledgers[opt] = led
         self.marks.append(led.incoming.append)
         self._track(led, range(len(params)))
@@ -126,7 +134,7 @@ class Tracker:
         names = (self.namer or positional)(led.params, led.groups)
         self.emit(OptimizerInfo(seq=0, t=time.time(), opt=led.name, cls=type(led.opt).__name__,
                                 params=names, shapes=[list(p.shape) for p in led.params],
-                                groups=list(led.groups)))
+                                groups=list(led.groups), label=self.labels.get(led)))
 
     def opt_add_param_group(self, opt: torch.optim.Optimizer) -> None:
         """After ``Optimizer.add_param_group`` (progressive unfreezing): track the new

@@ -99,7 +99,7 @@ class Reader:
             d = json.loads(body)
             out.append(OptimizerView(rank=rank, opt=d["opt"], cls=d.get("cls", ""),
                                      params=d.get("params", []), shapes=d.get("shapes", []),
-                                     groups=d.get("groups", [])))
+                                     groups=d.get("groups", []), label=d.get("label")))
         return out
 
     def findings(self, run_id: str) -> list[Finding] | None:

@@ -62,7 +62,7 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch,
                 st.optimizers.append(r.opt)
             res.optimizers.append(OptimizerView(rank=rank, opt=r.opt, cls=r.cls,
                                                 params=r.params, shapes=r.shapes,
-                                                groups=r.groups))
+                                                groups=r.groups, label=r.label))
         elif isinstance(r, (Stats, End)):
             st.dropped[rank] = max(st.dropped.get(rank, 0), r.dropped)
             if isinstance(r, End):

@@ -9,14 +9,15 @@ from gradwatch.steplog import dumps_log
 from gradwatch.wire import End, Header, OptimizerInfo, Step
 
 
-def header(run: str = "run1", name: str = "demo") -> Header:
+def header(run: str = "run1", name: str = "demo", **kw: Any) -> Header:
     return Header(seq=0, t=1.0, run=run, run_name=name, torch_version="2.13.0",
-                  gradwatch_version="0.1.0", started=1.0)
+                  gradwatch_version="0.1.0", started=1.0, **kw)
 
 
-def optimizer(opt: str = "SGD#0", params: tuple[str, ...] = ("w", "b"), seq: int = 1
-              ) -> OptimizerInfo:
-    return OptimizerInfo(seq=seq, t=1.0, opt=opt, cls="SGD", params=list(params))
+def optimizer(opt: str = "SGD#0", params: tuple[str, ...] = ("w", "b"), seq: int = 1,
+              label: str | None = None) -> OptimizerInfo:
+    return OptimizerInfo(seq=seq, t=1.0, opt=opt, cls="SGD", params=list(params),
+                         label=label)
 
 
 def step(seq: int, n: int, opt: str = "SGD#0", **kw: Any) -> Step:
@@ -39,6 +40,14 @@ def missed_reset_log() -> list[Any]:
     for i in range(1, 4):
         recs.append(step(2 + i, i, consumed=2 * (i + 1), fresh=2, stale=2 * i,
                          stale_params=[0, 1], norm=float(i + 1), drift=float(i + 1)))
+    return recs
+
+
+def no_step_log(status: str | None = "finished", exit_code: int | None = 0) -> list[Any]:
+    """A run that never stepped an optimizer; ``status`` None: no end record (killed)."""
+    recs: list[Any] = [optimizer()]
+    if status is not None:
+        recs.append(End(seq=2, t=9.0, status=status, exit_code=exit_code))  # type: ignore[arg-type]
     return recs
 
 

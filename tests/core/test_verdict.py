@@ -6,7 +6,7 @@ from typing import Any
 
 from gradwatch.verdict import Verdict, verdict_of
 from gradwatch.wire import Reset
-from tests.core.logs import clean_log, header, missed_reset_log, optimizer, step
+from tests.core.logs import clean_log, header, missed_reset_log, no_step_log, optimizer, step
 
 
 def test_clean_run_has_no_findings() -> None:
@@ -22,7 +22,7 @@ def test_missed_reset_is_one_finding_spanning_its_steps() -> None:
         "missed_reset", "SGD#0", 1, 3, 3)
     assert f.params == ["w", "b"]
     assert "zero_grad" in f.fix and "12 stale" in f.message
-    assert "held 4 backward passes" in f.message
+    assert "at worst, step 3 read 8 gradient contributions where 2 were fresh" in f.message
 
 
 def test_each_fact_maps_to_its_kind() -> None:
@@ -58,3 +58,38 @@ def test_feed_returns_the_findings_a_record_changed() -> None:
     assert changed.steps == 1
     [changed] = j.feed(step(4, 2, stale=4, stale_params=[0, 1]))
     assert changed.steps == 2
+
+
+def test_the_worst_step_is_counted_as_the_log_shows_it_with_several_backwards() -> None:
+    """Accumulation over 4 backwards, zero_grad forgotten: step k reads 4 (k + 1)
+    contributions of which 4 are fresh. The message says so (not "21 backward passes'
+    worth where 1 was fresh", the ratio misread as passes)."""
+    recs: list[Any] = [optimizer(params=("w",))]
+    for k in range(21):
+        recs.append(step(2 + k, k, backwards=4, consumed=4 * (k + 1), fresh=4,
+                         stale=4 * k, stale_params=[0] if k else []))
+    [f] = verdict_of(recs).findings()
+    assert "at worst, step 20 read 84 gradient contributions where 4 were fresh" in f.message
+    assert "21" not in f.message
+
+
+def test_findings_name_optimizers_by_label_and_keep_ids_for_params() -> None:
+    j = verdict_of([optimizer("Adam#1", ("dec.0.weight",), label="dec_opt"),
+                    step(2, 0, opt="Adam#1", stale=1, stale_params=[0])])
+    [f] = j.findings()
+    assert (f.optimizer, f.params) == ("dec_opt", ["dec.0.weight"])
+    assert f.message.startswith("dec_opt ")
+
+
+def test_nothing_judged_says_why() -> None:
+    assert verdict_of([header(), *clean_log(1)]).nothing_judged() is None
+    assert "never stepped" in (verdict_of(no_step_log()).nothing_judged() or "")
+    failed = verdict_of(no_step_log("failed", 2)).nothing_judged() or ""
+    assert failed == "the run failed before its first optimizer step (exit code 2)"
+    j = Verdict()
+    for rank in (0, 1):
+        for r in no_step_log("failed" if rank else "finished", rank):
+            j.feed(r, rank)
+    assert j.nothing_judged() == ("the run failed before its first optimizer step (rank 1) "
+                                  "(exit code 1)")
+

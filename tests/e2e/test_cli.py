@@ -1,7 +1,9 @@
-"""``gradwatch serve`` argument errors and imports, and ``gradwatch replay``."""
+"""``gradwatch serve`` argument errors and imports, ``gradwatch replay``, and the names
+``gradwatch run`` streams."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 import synth
 
+from tests.probe.test_probe_cli import GAN
 from tests.serverproc import ServerProc
 
 
@@ -71,3 +74,23 @@ def test_replay_of_an_invalid_log_exits_2(tmp_path: Path) -> None:
     bad.write_text("hello\n")
     r = gw("replay", str(bad), "--fast")
     assert r.returncode == 2 and "bad.jsonl:1" in r.stderr, r.stderr
+
+
+def test_run_streams_the_names_the_script_uses(tmp_path: Path) -> None:
+    """``gradwatch run --server``: the server's findings and optimizers carry the variable
+    names (``od``, ``D.0.weight``), the records keep the ids (``Adam#1``)."""
+    script = tmp_path / "gan.py"
+    script.write_text(GAN)
+    with ServerProc(tmp_path / "d") as srv:
+        r = subprocess.run([sys.executable, "-m", "gradwatch", "run", "--server", srv.ws,
+                            "--log", str(tmp_path / "gan.jsonl"), "--", str(script)],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "GRADWATCH_RUN_ID": "gan-names"})
+        assert r.returncode == 0, r.stderr
+        run = srv.get("/api/runs/gan-names")
+        assert [(o["opt"], o["label"], o["params"]) for o in run["optimizers"]] == [
+            ("Adam#0", "og", ["G.net.weight", "G.net.bias"]),
+            ("Adam#1", "od", ["D.0.weight", "D.0.bias"])]
+        [f] = srv.get("/api/runs/gan-names/findings")["findings"]
+        assert (f["kind"], f["optimizer"], f["params"]) == (
+            "cross_optimizer_leak", "od", ["D.0.weight", "D.0.bias"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import weakref
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,3 +46,76 @@ def test_parameters_without_a_name_are_named_by_group_and_position(tmp_path: Pat
     infos = [r for r in read_log(tmp_path / "p.jsonl").records if isinstance(r, OptimizerInfo)]
     assert [i.params for i in infos] == [["group0.param0"]]
     assert unnamed(None, 2) == ["param0", "param1"]
+
+
+# ------------------------------------------------------------------ gradwatch run's names
+def _run_session(tmp_path: Path, body: Any) -> list[OptimizerInfo]:
+    """Run ``body()`` under ``gradwatch run``'s session, as the runner does, and return the
+    optimizers it announced."""
+    from gradwatch.probe.autostart import AutoSession, Plan
+
+    session = AutoSession(Plan(log=str(tmp_path / "n.jsonl"), run_name="names", run="n"))
+    session.announce = False
+    session.install()
+    try:
+        body()
+    finally:
+        session.close("finished", 0)
+    return [r for r in read_log(tmp_path / "n.jsonl").records if isinstance(r, OptimizerInfo)]
+
+
+def test_variables_name_optimizers_and_the_roots_of_their_parameters(tmp_path: Path) -> None:
+    def body() -> None:
+        enc = torch.nn.Sequential(torch.nn.Linear(4, 3))
+        dec = torch.nn.Sequential(torch.nn.Linear(3, 4))
+        enc_opt = torch.optim.SGD(enc.parameters(), lr=0.1)
+        dec_opt = torch.optim.Adam(dec.parameters())
+        assert enc_opt is not dec_opt
+
+    infos = _run_session(tmp_path, body)
+    assert [(i.opt, i.label, i.params) for i in infos] == [
+        ("SGD#0", "enc_opt", ["enc.0.weight", "enc.0.bias"]),
+        ("Adam#1", "dec_opt", ["dec.0.weight", "dec.0.bias"])]
+
+
+class _Trainer:
+    def __init__(self) -> None:
+        self.gen = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        self.disc = torch.nn.Sequential(torch.nn.Linear(2, 1))
+        self.g_opt = torch.optim.Adam(self.gen.parameters())
+        self.opts = {}
+        self.opts["d"] = torch.optim.SGD(self.disc.parameters(), lr=0.1)
+
+
+class _MyOpt(torch.optim.SGD):
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, lr=0.1)
+
+
+def test_attributes_dict_entries_and_subclasses_are_named(tmp_path: Path) -> None:
+    def body() -> None:
+        trainer = _Trainer()
+        mine = _MyOpt(trainer.gen.parameters())
+        assert mine
+
+    infos = _run_session(tmp_path, body)
+    assert [(i.label, i.params[0]) for i in infos] == [
+        ("g_opt", "gen.0.weight"), ("opts['d']", "disc.0.weight"), ("mine", "gen.0.weight")]
+
+
+def test_no_variable_no_label_and_shared_labels_stay_unique(tmp_path: Path) -> None:
+    w = torch.zeros(3, requires_grad=True)
+
+    def body() -> None:
+        # the first is built before the second: only the second is stored right after
+        a, b = torch.optim.SGD([w], lr=0.1), torch.optim.SGD([w], lr=0.1)
+        for _ in range(2):
+            opt = torch.optim.SGD([w], lr=0.1)
+        hidden = [torch.nn.Linear(2, 2)]  # held only in a list: found in memory instead
+        opt = torch.optim.SGD(hidden[0].parameters(), lr=0.1)
+        assert a is not b and opt
+
+    infos = _run_session(tmp_path, body)
+    assert [i.label for i in infos] == [None, "b", "opt", "opt (SGD#3)", "opt (SGD#4)"]
+    assert infos[0].params == ["w"]  # a plain tensor is named by its variable too
+    assert infos[-1].params == ["weight", "bias"]

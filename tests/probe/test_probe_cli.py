@@ -41,6 +41,30 @@ TRAIN = textwrap.dedent('''
 ''')
 
 
+GAN = textwrap.dedent('''
+        import torch
+        class Gen(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Linear(3, 4)
+            def forward(self, z):
+                return self.net(z)
+        G = Gen()
+        D = torch.nn.Sequential(torch.nn.Linear(4, 1))
+        og = torch.optim.Adam(G.parameters(), lr=1e-3)
+        od = torch.optim.Adam(D.parameters(), lr=1e-3)
+        for i in range(3):
+            fake = G(torch.randn(5, 3))
+            D(fake.detach()).mean().backward()
+            od.step()
+            od.zero_grad()
+            og.zero_grad()
+            (-D(fake)).mean().backward()  # fills D's grads: not cleared before D's step
+            og.step()
+''')
+"""A GAN whose discriminator steps on gradients the generator's loss left in it."""
+
+
 def _cli() -> list[str]:
     exe = Path(sys.executable).parent / "gradwatch"
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "gradwatch.cli"]
@@ -86,12 +110,13 @@ def test_run_script_with_bug_default_log_and_check_json(script: Path, tmp_path: 
     assert r.returncode == 0, r.stderr
     log = tmp_path / "gradwatch-bugrun.jsonl"
     assert log.exists() and str(log.name) in r.stderr
-    assert "missed_reset  SGD#0  first_step=1  steps=4" in r.stderr
+    assert "missed_reset  optimizer=opt  first_step=1  steps=4" in r.stderr
     c = _run(["check", "--json", str(log)], tmp_path)
     assert c.returncode == 1
     out = json.loads(c.stdout)
     assert [(f["kind"], f["optimizer"], f["first_step"], f["steps"]) for f in out["findings"]] \
-        == [("missed_reset", "SGD#0", 1, 4)]
+        == [("missed_reset", "opt", 1, 4)]
+    assert read_log(log).records[0].opt == "SGD#0"  # the id in the records stays
     assert out["findings"][0]["params"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
 
 
@@ -112,6 +137,13 @@ def test_run_uncaught_exception_exits_1(script: Path, tmp_path: Path) -> None:
     r = _run(["run", "--log", str(log), "--", str(script), "--crash"], tmp_path)
     assert r.returncode == 1
     assert "RuntimeError: boom" in r.stderr and "Traceback" in r.stderr
+    # the script's own traceback: its frames only, none of the runner's or runpy's
+    tb = r.stderr[r.stderr.index("Traceback"):].splitlines()
+    assert tb[1] == f'  File "{script}", line 23, in <module>'
+    assert "runpy" not in r.stderr and "runner.py" not in r.stderr
+    assert ("gradwatch: the script raised (RuntimeError: boom) after 5 optimizer steps; in "
+            "those steps, no finding") in r.stderr
+    assert "no gradient-reset bug found" not in r.stderr
     end = read_log(log).records[-1]
     assert isinstance(end, End) and end.status == "failed" and end.exit_code == 1
 
@@ -177,35 +209,250 @@ def test_run_in_process_manual_sgd_and_gan(tmp_path: Path, monkeypatch: pytest.M
             w.grad.zero_()
     '''))
     assert runner.main(["--log", "manual.jsonl", "--", str(manual)]) == 0
-    assert "0 optimizer steps, no gradient-reset bug found" in capsys.readouterr().err
+    assert ("no optimizer stepped in this process, so nothing was judged"
+            in capsys.readouterr().err)
     gan = tmp_path / "gan.py"
-    gan.write_text(textwrap.dedent('''
-        import torch
-        class Gen(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.net = torch.nn.Linear(3, 4)
-            def forward(self, z):
-                return self.net(z)
-        G = Gen()
-        D = torch.nn.Sequential(torch.nn.Linear(4, 1))
-        og = torch.optim.Adam(G.parameters(), lr=1e-3)
-        od = torch.optim.Adam(D.parameters(), lr=1e-3)
-        for i in range(3):
-            fake = G(torch.randn(5, 3))
-            D(fake.detach()).mean().backward()
-            od.step()
-            od.zero_grad()
-            og.zero_grad()
-            (-D(fake)).mean().backward()  # fills D's grads: not cleared before D's step
-            og.step()
-    '''))
+    gan.write_text(GAN)
     assert runner.main(["--log", "gan.jsonl", "--", str(gan)]) == 0
     err = capsys.readouterr().err
-    assert "cross_optimizer_leak  Adam#1" in err
+    assert "cross_optimizer_leak  optimizer=od" in err
     log = read_log(tmp_path / "gan.jsonl")
     infos = [r for r in log.records if r.type == "optimizer"]
-    assert infos[0].params == ["Gen.net.weight", "Gen.net.bias"]
-    assert infos[1].params == ["Sequential.0.weight", "Sequential.0.bias"]
+    assert [(i.opt, i.label) for i in infos] == [("Adam#0", "og"), ("Adam#1", "od")]
+    assert infos[0].params == ["G.net.weight", "G.net.bias"]
+    assert infos[1].params == ["D.0.weight", "D.0.bias"]
     kinds = {(f.kind, f.optimizer) for f in verdict_of([log.header, *log.records]).findings()}
-    assert kinds == {("cross_optimizer_leak", "Adam#1")}
+    assert kinds == {("cross_optimizer_leak", "od")}
+
+
+# ------------------------------------------------------------------ what happened, said so
+def test_a_script_that_fails_before_any_step_is_not_called_clean(tmp_path: Path) -> None:
+    prog = tmp_path / "early.py"
+    prog.write_text("import torch\nraise ValueError('no data')\n")
+    log = tmp_path / "early.jsonl"
+    r = _run(["run", "--log", str(log), "--", str(prog)], tmp_path)
+    assert r.returncode == 1
+    assert ("gradwatch: the script raised (ValueError: no data) before any optimizer step: "
+            "nothing was judged") in r.stderr
+    assert "no gradient-reset bug found" not in r.stderr
+    c = _run(["check", str(log)], tmp_path)
+    assert c.returncode == 3
+    assert "the run failed before its first optimizer step (exit code 1)" in c.stderr
+
+
+@pytest.mark.parametrize(("target", "said"), [
+    (["-m", "no_such_module_here"], "could not be loaded (ImportError: No module named"),
+    (["broken.py"], "could not be loaded (SyntaxError:"),
+    (["idle.py"], "no optimizer stepped in this process, so nothing was judged"),
+])
+def test_scripts_that_never_step_say_what_happened(tmp_path: Path, target: list[str],
+                                                   said: str) -> None:
+    (tmp_path / "broken.py").write_text("x = (\n")
+    (tmp_path / "idle.py").write_text("print('hello')\n")
+    log = tmp_path / "x.jsonl"
+    r = _run(["run", "--log", str(log), "--", *target], tmp_path)
+    assert said in r.stderr, r.stderr
+    assert "no gradient-reset bug found" not in r.stderr
+    assert r.returncode == (0 if target == ["idle.py"] else 1)
+    assert "runpy" not in r.stderr
+    assert _run(["check", str(log)], tmp_path).returncode == 3
+
+
+def test_fail_on_findings_fails_a_successful_script_with_findings(script: Path,
+                                                                  tmp_path: Path) -> None:
+    log = str(tmp_path / "gate.jsonl")
+    bug = _run(["run", "--fail-on-findings", "--log", log, "--", str(script), "--bug"],
+               tmp_path)
+    assert bug.returncode == 1 and "1 finding" in bug.stderr
+    clean = _run(["run", "--fail-on-findings", "--log", log, "--", str(script)], tmp_path)
+    assert clean.returncode == 0
+    # the script's own failure stays the rule
+    own = _run(["run", "--fail-on-findings", "--log", log, "--", str(script), "--bug",
+                "--exit3"], tmp_path)
+    assert own.returncode == 3
+    assert _run(["run", "--log", log, "--", str(script), "--bug"], tmp_path).returncode == 0
+
+
+def test_running_again_with_the_same_log_replaces_it(script: Path, tmp_path: Path) -> None:
+    log = tmp_path / "again.jsonl"
+    first = _run(["run", "--log", str(log), "--", str(script), "--bug"], tmp_path)
+    assert "replaced" not in first.stderr
+    second = _run(["run", "--log", str(log), "--", str(script)], tmp_path)
+    assert f"writing the step log to {log} (replaced the step log of an earlier run)" \
+        in second.stderr
+    assert len([r for r in read_log(log).records if isinstance(r, Step)]) == 5
+    c = _run(["check", str(log)], tmp_path)
+    assert c.returncode == 0, c.stdout + c.stderr
+
+
+def test_a_file_that_is_no_step_log_is_not_written_over(script: Path,
+                                                        tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    r = _run(["run", "--log", str(notes), "--", str(script)], tmp_path)
+    assert r.returncode == 2 and "is a file that is not a gradwatch step log" in r.stderr
+    assert notes.read_text() == "my notes\n"
+
+
+def test_check_sarif_of_a_real_run_points_into_the_script(script: Path,
+                                                          tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    log = tmp_path / "s.jsonl"
+    _run(["run", "--log", str(log), "--", "train.py", "--bug"], tmp_path)
+    r = _run(["check", "--format", "sarif", str(log)], tmp_path)
+    assert r.returncode == 1, r.stderr
+    [res] = json.loads(r.stdout)["runs"][0]["results"]
+    assert res["ruleId"] == "missed_reset"
+    assert res["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "train.py"
+
+
+def test_python_dash_m_gradwatch_is_the_command(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "gradwatch", "--version"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("gradwatch ")
+
+
+# ------------------------------------------------------------------ launchers and workers
+DDP_SCRIPT = textwrap.dedent('''
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(rank)
+    for i in range(6):
+        if rank == 0 or i < 2:  # rank 1 forgets zero_grad from step 2 on
+            opt.zero_grad()
+        ddp(torch.randn(8, 4, generator=gen)).pow(2).mean().backward()
+        opt.step()
+    dist.destroy_process_group()
+''')
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_torchrun_inside_gradwatch_run_shows_the_launch_that_works(tmp_path: Path) -> None:
+    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
+    port = str(_free_port())
+    r = _run(["run", "--log", "out.jsonl", "--", "torchrun", "--nproc_per_node", "2",
+              "--master-port", port, "ddp.py"], tmp_path, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "no optimizer stepped in this process, so nothing was judged" in r.stderr
+    assert ("Launch gradwatch inside each of them instead: torchrun --nproc_per_node 2 "
+            f"--master-port {port} -m gradwatch run --step-log out.jsonl -- ddp.py") in r.stderr
+    assert "no gradient-reset bug found" not in r.stderr
+
+
+HOGWILD = textwrap.dedent('''
+    import sys
+    import torch
+    import torch.multiprocessing as mp
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def train(rank, model, data):
+        torch.manual_seed(rank)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i, (x, y) in enumerate(data):
+            if rank != 1 or i == 0:  # worker 2 (rank 1) forgets zero_grad after its first
+                opt.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+
+    if __name__ == "__main__":
+        ctx = mp.get_context(sys.argv[1])
+        model = torch.nn.Linear(3, 1)
+        model.share_memory()
+        data = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(5)]
+        procs = [ctx.Process(target=train, args=(r, model, data)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        assert [p.exitcode for p in procs] == [0, 0]
+        # a DataLoader's worker processes build no optimizer: they get no log
+        loader = DataLoader(TensorDataset(torch.randn(8, 3)), batch_size=4, num_workers=2,
+                            multiprocessing_context=sys.argv[1])
+        assert len(list(loader)) == 2
+''')
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_worker_processes_the_script_starts_are_watched(tmp_path: Path, method: str) -> None:
+    (tmp_path / "hog.py").write_text(HOGWILD)
+    (tmp_path / "hog.worker7.jsonl").write_text('{"type":"header"}\n')  # an earlier run's
+    r = _run(["run", "--log", "hog.jsonl", "--", "hog.py", method], tmp_path, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.glob("hog*.jsonl")) == [
+        "hog.jsonl", "hog.worker1.jsonl", "hog.worker2.jsonl"]
+    assert "10 optimizer steps in 3 processes, 1 finding" in r.stderr
+    assert "missed_reset  optimizer=opt  first_step=1  steps=4  (worker 2)" in r.stderr
+    logs = sorted(str(p) for p in tmp_path.glob("hog*.jsonl"))
+    heads = [read_log(p).header for p in logs]
+    assert len({h.run for h in heads}) == 1 and [h.worker for h in heads] == [None, 1, 2]
+    c = _run(["check", "--json", *logs], tmp_path)
+    assert c.returncode == 1
+    assert [(f["kind"], f["worker"]) for f in json.loads(c.stdout)["findings"]] == [
+        ("missed_reset", 2)]
+
+
+def test_an_unwritable_log_is_refused_before_the_script_runs(script: Path,
+                                                             tmp_path: Path) -> None:
+    r = _run(["run", "--log", "/proc/gradwatch-nope/run.jsonl", "--", str(script)], tmp_path)
+    assert r.returncode == 2 and "cannot write there" in r.stderr
+    assert "trained" not in r.stdout
+
+
+def test_a_session_that_cannot_open_leaves_training_alone(tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture
+                                                          ) -> None:
+    import torch
+
+    from gradwatch.probe.autostart import AutoSession, Plan
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    session = AutoSession(Plan(log=str(blocker / "run.jsonl"), run_name="x", run="x"))
+    orig = torch.optim.Optimizer.__init__
+    session.install()
+    try:
+        m = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)  # opening the log fails here
+        m(torch.randn(3, 2)).sum().backward()
+        opt.step()
+    finally:
+        session.close("finished", 0)
+    assert session.failed and "cannot watch this run" in caplog.text
+    assert torch.optim.Optimizer.__init__ is orig  # put back
+
+
+def test_compiled_training_step_under_run(tmp_path: Path) -> None:
+    """The session opens inside a compiled step (its first backward): still every step."""
+    prog = tmp_path / "compiled.py"
+    prog.write_text(textwrap.dedent('''
+        import torch
+        model = torch.nn.Linear(4, 1)
+
+        @torch.compile(backend="eager")
+        def grads(x):
+            model(x).pow(2).mean().backward()
+
+        grads(torch.randn(8, 4))  # the first backward, compiled, opens the session
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(4):
+            grads(torch.randn(8, 4))  # zero_grad forgotten
+            opt.step()
+    '''))
+    r = _run(["run", "--log", "c.jsonl", "--", str(prog)], tmp_path, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "4 optimizer steps, 1 finding" in r.stderr
+    assert "missed_reset  optimizer=opt  first_step=1  steps=3" in r.stderr

@@ -231,7 +231,9 @@ export class RunView {
     const span = Math.max(1, f.last_step - f.first_step);
     const pad = Math.max(5, Math.round(span * 0.25));
     this.chart.zoomTo(Math.max(0, f.first_step - pad), f.last_step + pad);
-    this.params.selectOptimizer(f.optimizer, f.rank || 0);
+    // Findings name an optimizer by its label where it has one; the selector lists ids.
+    const info = this.optimizers.find((o) => o.label === f.optimizer && (o.rank || 0) === (f.rank || 0));
+    this.params.selectOptimizer(info ? info.opt : f.optimizer, f.rank || 0);
     if (!this.live) this.player.seek(f.first_step);
   }
 
