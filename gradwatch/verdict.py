@@ -4,6 +4,12 @@ The probe records, per optimizer step, the facts it observed on ``.grad`` (stale
 late and discarded contributions). This module turns those facts into findings, grouped by
 (rank, optimizer, kind), with a message and a fix. It imports neither torch nor fastapi, so
 ``gradwatch check``, the server and the probe's exit verdict can never disagree.
+
+Each finding names the lines involved (``where``), from the ``Site`` records its steps refer
+to, the line to change first: ``late_reset`` the reset, then the backward and the step;
+``missed_reset`` the step, then the backwards whose gradients it re-applied;
+``discarded_accumulation`` the reset that threw contributions away;
+``cross_optimizer_leak`` the backward whose contributions leaked, then the step.
 """
 
 from __future__ import annotations
@@ -12,7 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradwatch.wire import End, Finding, Header, OptimizerInfo, Stats, Step
+from gradwatch.wire import End, Finding, Header, OptimizerInfo, Site, Stats, Step, Where
+
+_MAX_WHERE = 12
+"""Lines a finding names at most."""
 
 _FIX = {
     "missed_reset": (
@@ -80,6 +89,8 @@ class _Group:
     last_step: int
     steps: int = 0
     params: dict[int, None] = field(default_factory=dict)  # ordered set of indices
+    where: dict[tuple[str, int], None] = field(default_factory=dict)
+    """Ordered set of ``(role, site id)``."""
     counts: dict[str, int] = field(default_factory=lambda: {"stale": 0, "leaked": 0,
                                                              "discarded": 0, "late": 0,
                                                              "piled": 0})
@@ -94,6 +105,7 @@ class Verdict:
 
     def __init__(self) -> None:
         self._params: dict[tuple[int, str], list[str]] = {}
+        self._sites: dict[tuple[int, int], Site] = {}
         self._groups: dict[tuple[int, str, str], _Group] = {}
         self._steps = 0
         self._skipped = 0
@@ -108,6 +120,8 @@ class Verdict:
             self._header = self._header or record
         elif isinstance(record, OptimizerInfo):
             self._params[(rank, record.opt)] = record.params
+        elif isinstance(record, Site):
+            self._sites[(rank, record.id)] = record
         elif isinstance(record, (Stats, End)):
             self._dropped[rank] = max(self._dropped.get(rank, 0), record.dropped)
             if isinstance(record, End):
@@ -149,6 +163,10 @@ class Verdict:
                 g.counts["piled"] = max(g.counts["piled"], round(s.consumed / s.fresh))
             for i in params:
                 g.params.setdefault(i, None)
+            for place in _places(kind, s):
+                if len(g.where) >= _MAX_WHERE:
+                    break
+                g.where.setdefault(place, None)
             changed.append(self._finding(g))
         return changed
 
@@ -165,6 +183,9 @@ class Verdict:
             message=_explain(g.kind, g.opt, g.steps, g.first_step, g.counts),
             fix=_FIX[g.kind],
             rank=g.rank,
+            where=[Where(role=role, file=site.file, line=site.line,  # type: ignore[arg-type]
+                         function=site.function)
+                   for role, sid in g.where if (site := self._sites.get((g.rank, sid)))],
         )
 
     def findings(self) -> list[Finding]:
@@ -189,6 +210,21 @@ class Verdict:
             "dropped": sum(self._dropped.values()),
             "status": self._status,
         }
+
+
+def _places(kind: str, s: Step) -> list[tuple[str, int]]:
+    """The ``(role, site id)`` lines a step gives a finding of ``kind``, the one to change
+    first."""
+    sites = s.sites
+    step = [("step", sites.step)] if sites is not None and sites.step else []
+    if kind == "late_reset":
+        return ([("reset", r.site) for r in s.resets if r.after_backward and r.site]
+                + [("backward", b) for b in (sites.lost if sites else ())] + step)
+    if kind == "discarded_accumulation":
+        return [("reset", r.site) for r in s.resets if r.discarded and r.site]
+    if kind == "missed_reset":
+        return step + [("backward", b) for b in (sites.stale if sites else ())]
+    return [("backward", b) for b in (sites.leaked if sites else ())] + step
 
 
 def verdict_of(records: Iterable[Any]) -> Verdict:
