@@ -196,10 +196,13 @@ class Contributions:
         held nothing). Returns whether that was every parameter."""
         self.fold()
         self.fold_consumed()
-        for k in ks:
-            if self.old[k] or self.new[k]:
-                self.reset(k, how, site)
-        self._pend(ResetFact(how, [], [], (), site))
+        old, new = self.old, self.new
+        covered = [k for k in ks if old[k] or new[k]]
+        removed = [(k, new[k]) for k in covered if new[k]]
+        for k in covered:
+            new[k] = []  # the lists themselves are handed over in removed
+            old[k] = 0
+        self._pend(ResetFact(how, covered, removed, (), site))
         if len(ks) < len(self.params):
             return False
         self.hand.forget()

@@ -7,8 +7,9 @@ also a reset inside an accumulation window). What else happens tells them apart:
 
 - *Used by an update* (sharpness-aware minimisation): the first gradient was read to move the
   parameters in place (``p.add_(e_w)``), by no optimizer step, before the reset. Seen as the
-  versions of every parameter whose contributions the reset removed having moved since the
-  phase began (the first backward after a step).
+  versions of the parameters whose contributions the reset removed having moved since the
+  phase began (the first backward after a step), on a sample of the optimizer's parameters
+  spread over its list.
 - *An attack's backward* (FGSM, PGD): that backward also wrote a gradient into a leaf tensor
   that is no parameter (the input perturbation), found by walking its graph.
 - *Gradient surgery* (PCGrad): the gradient the step read was written by hand after the
@@ -18,21 +19,21 @@ also a reset inside an accumulation window). What else happens tells them apart:
   while the rest stepped on fresh gradients. Half a layer dropped is still a late reset.
 
 The first two are judged when the reset's removal is seen, the last two at the step. All run
-only when a reset threw contributions away, except the version snapshot each phase: one read
-per parameter per step.
+only when a reset threw contributions away, except the version snapshot each phase (at most
+:data:`_SAMPLE` reads a step, whatever the model's size).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from operator import attrgetter
 from typing import Any
 
 import torch
 
 from gradwatch.probe.names import owners
 
-_version = attrgetter("_version")
+_SAMPLE = 32
+"""Parameters whose versions are taken when a phase begins (spread over the list)."""
 _MAX_NODES = 100_000
 """Graph nodes walked at most when looking for an attack's input leaf."""
 
@@ -40,27 +41,39 @@ _MAX_NODES = 100_000
 class Deliberate:
     """What one optimizer's ledger needs to tell a deliberate discard from a bug."""
 
-    __slots__ = ("params", "versions", "left", "owner")
+    __slots__ = ("params", "sample", "versions", "left", "owner")
 
     def __init__(self, params: list[torch.Tensor]) -> None:
         self.params = params
         """The ledger's own list (parameters added later are appended to it)."""
-        self.versions: list[int] = list(map(_version, params))
-        """Parameter versions when the phase began."""
+        self.sample: list[int] = []
+        self.versions: list[int] = []
+        """The versions of the :attr:`sample` parameters when the phase began."""
         self.left: list[torch.Tensor | None] | None = None
-        """The gradients the last backward left, while a lost contribution awaits the step."""
+        """The gradients the last backward left, while a lost contribution awaits the step
+        (held: an id could be reused by the gradient written in its place)."""
         self.owner: list[int] | None = None
+        self.replan()
+
+    def replan(self) -> None:
+        """Parameters were added: spread the sample over them all."""
+        n = len(self.params)
+        last = min(n, _SAMPLE) - 1
+        self.sample = sorted({round(i * (n - 1) / last) for i in range(last + 1)}
+                             if last > 0 else range(n))
+        self.phase_began()
 
     def phase_began(self) -> None:
-        """The first backward after a step starts: take the parameters' versions."""
-        self.versions = list(map(_version, self.params))
+        """The first backward after a step starts: take the sampled parameters' versions."""
+        params = self.params
+        self.versions = [params[k]._version for k in self.sample]
 
     def moved(self, ks: Collection[int]) -> bool:
-        """Whether every parameter of ``ks`` (at least one) was changed in place since the
-        phase began."""
+        """Whether the parameters of ``ks`` were changed in place since the phase began:
+        every sampled one among them (at least one)."""
         params, versions = self.params, self.versions
-        return bool(ks) and all(k < len(versions) and params[k]._version != versions[k]
-                                for k in ks)
+        got = [(k, v) for k, v in zip(self.sample, versions, strict=True) if k in ks]
+        return bool(got) and all(params[k]._version != v for k, v in got)
 
     def backward_left(self) -> None:
         """A backward returned while a lost contribution awaits the step: take the

@@ -98,6 +98,7 @@ class Ledger:
         ks = self.contents.add(params)  # extends self.params: the same list
         self.groups.extend(groups)
         self.norms.replan()
+        self.deliberate.replan()
         return ks
 
     def found(self, ks: range) -> None:
@@ -280,7 +281,7 @@ class Ledger:
         gone = [(k, bws) for k, bws in gone if bws]
         if not gone:  # another optimizer's step consumed them (a GAN's D.zero_grad)
             return reset
-        if self.deliberate.moved([k for k, _ in gone]) or self.backwards.wrote_input_grad(
+        if self.deliberate.moved({k for k, _ in gone}) or self.backwards.wrote_input_grad(
                 {b for _, bws in gone for b in bws}):
             return reset._replace(used=True)
         self.backwards.lossy.add(self)

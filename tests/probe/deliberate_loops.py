@@ -70,9 +70,11 @@ class SAM(torch.optim.Optimizer):
             p=2)
 
 
-def classifier(seed: int = 0, n_in: int = 4, n_out: int = 3) -> nn.Module:
+def classifier(seed: int = 0, n_in: int = 4, n_out: int = 3, depth: int = 0) -> nn.Module:
+    """Two layers, and ``depth`` more in between (more parameters than the probe samples)."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(n_in, 16), nn.ReLU(), nn.Linear(16, n_out))
+    middle = [m for _ in range(depth) for m in (nn.Linear(16, 16), nn.ReLU())]
+    return nn.Sequential(nn.Linear(n_in, 16), nn.ReLU(), *middle, nn.Linear(16, n_out))
 
 
 def data(i: int, n_in: int = 4, n_out: int = 3) -> tuple[torch.Tensor, torch.Tensor]:

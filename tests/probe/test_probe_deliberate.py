@@ -43,14 +43,15 @@ def _clean(r: Result, opt: str, steps: int, backwards: int = 1) -> list[Step]:
     return got
 
 
-@pytest.mark.parametrize("way", ["two_steps", "closure"])
-def test_sam_watching_the_sam_optimizer(watched: Any, way: str) -> None:
-    model = d.classifier()
+@pytest.mark.parametrize(("way", "depth"), [("two_steps", 0), ("closure", 0),
+                                           ("two_steps", 30)])
+def test_sam_watching_the_sam_optimizer(watched: Any, way: str, depth: int) -> None:
+    model = d.classifier(depth=depth)
     sam = d.SAM(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
     loop = d.sam_two_steps if way == "two_steps" else d.sam_closure
     r = watched(sam, lambda: loop(model, sam, STEPS), model=model)
     steps = _clean(r, "SGD#0", STEPS)  # SAM's base optimizer is the one that steps
-    assert all(s.fresh == 4 for s in steps)
+    assert all(s.fresh == 4 + 2 * depth for s in steps)
     # SAM's own zero_grad resets the base optimizer's parameters: said so, never "replaced"
     assert {x.how for s in steps for x in s.resets} == {"optimizer_zero_grad"}
     assert all(any(x.site for x in s.resets) for s in steps[1:])
@@ -70,10 +71,11 @@ def test_sam_under_gradwatch_run(tmp_path: Path, way: str) -> None:
     assert r.findings == []
 
 
-def test_sam_without_the_ascent_is_a_reset_inside_the_window(watched: Any) -> None:
+@pytest.mark.parametrize("depth", [0, 30])
+def test_sam_without_the_ascent_is_a_reset_inside_the_window(watched: Any, depth: int) -> None:
     """The same calls with no in-place update between backward and reset (SAM's
     ``first_step`` minus ``p.add_``): the first gradient is thrown away unused."""
-    model = d.classifier()
+    model = d.classifier(depth=depth)
     sam = d.SAM(model.parameters(), torch.optim.SGD, lr=0.1)
 
     def loop() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from gradwatch.verdict import verdict_of
 from tests.probe.fresh_reference import FreshReference, Row
 from tests.probe.probe_helpers import loss_of, mlp
 
@@ -73,6 +74,8 @@ def test_missed_reset_under_in_place_rescale(watched: Any, rescale: str) -> None
     if rescale == "clip_grad_norm_inf":  # nothing clipped: the drift climbs as without it
         assert steps[-1].drift > 2.0
         assert r.findings[0].kind == "missed_reset"
+        summary = verdict_of(r.records).summary()  # what check --json and the run list say
+        assert summary["max_drift"] == pytest.approx(max(row.drift for row in ref.rows))
 
 
 def test_gradscaler_unscale_then_clip(watched: Any) -> None:
