@@ -6,6 +6,12 @@ late and discarded contributions). This module turns those facts into findings, 
 of one. Findings name optimizers by their display names (``OptimizerInfo.label``). It
 imports neither torch nor fastapi, so ``gradwatch check``, the server and the probe's exit
 verdict can never disagree.
+
+Each finding names the lines involved (``where``), from the ``Site`` records its steps refer
+to, the line to change first: ``late_reset`` the reset, then the backward and the step;
+``missed_reset`` the step, then the backwards whose gradients it re-applied;
+``discarded_accumulation`` the reset that threw contributions away;
+``cross_optimizer_leak`` the backward whose contributions leaked, then the step.
 """
 
 from __future__ import annotations
@@ -15,7 +21,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gradwatch.locations import located_fix
-from gradwatch.wire import End, Finding, FindingKind, Header, OptimizerInfo, Stats, Step, Where
+from gradwatch.wire import (
+    End,
+    Finding,
+    FindingKind,
+    Header,
+    OptimizerInfo,
+    Site,
+    Stats,
+    Step,
+    Where,
+)
+
+_MAX_WHERE = 12
+"""Lines a finding names at most."""
 
 if TYPE_CHECKING:
     from gradwatch.steplog import StepLog
@@ -119,6 +138,8 @@ class _Group:
     last_step: int
     steps: int = 0
     params: dict[int, None] = field(default_factory=dict)  # ordered set of indices
+    where: dict[tuple[str, int], None] = field(default_factory=dict)
+    """Ordered set of ``(role, site id)``."""
     counts: dict[str, int] = field(default_factory=lambda: {"stale": 0, "leaked": 0,
                                                              "discarded": 0, "late": 0})
     worst_step: int = 0
@@ -127,7 +148,6 @@ class _Group:
     worst_fresh: int = 0
     reset_how: str | None = None
     """late_reset, discarded_accumulation: how the first offending reset was done."""
-    where: list[Where] = field(default_factory=list)
 
 
 @dataclass
@@ -148,6 +168,7 @@ class Verdict:
     def __init__(self) -> None:
         self._params: dict[tuple[Stream, str], list[str]] = {}
         self._labels: dict[tuple[Stream, str], str] = {}
+        self._sites: dict[tuple[Stream, int], Site] = {}
         self._groups: dict[tuple[Stream, str, str], _Group] = {}
         self._streams: dict[Stream, _StreamState] = {}
         self._skipped = 0
@@ -168,6 +189,8 @@ class Verdict:
             self._params[(stream, record.opt)] = record.params
             if record.label:
                 self._labels[(stream, record.opt)] = record.label
+        elif isinstance(record, Site):
+            self._sites[(stream, record.id)] = record
         elif isinstance(record, (Stats, End)):
             self._dropped[stream] = max(self._dropped.get(stream, 0), record.dropped)
             if isinstance(record, End):
@@ -211,6 +234,10 @@ class Verdict:
                     r.after_backward if kind == "late_reset" else r.discarded)), None)
             for i in params:
                 g.params.setdefault(i, None)
+            for place in _places(kind, s):
+                if len(g.where) >= _MAX_WHERE:
+                    break
+                g.where.setdefault(place, None)
             changed.append(self._finding(g))
         return changed
 
@@ -220,6 +247,9 @@ class Verdict:
             ((0, None), g.opt)) or []
         params = [names[i] if i < len(names) else unnamed_param(i) for i in g.params]
         opt = self._labels.get((g.stream, g.opt), g.opt)
+        where = [Where(role=role, file=site.file, line=site.line,  # type: ignore[arg-type]
+                       function=site.function)
+                 for role, sid in g.where if (site := self._sites.get((g.stream, sid)))]
         return Finding(
             kind=g.kind,
             optimizer=opt,
@@ -228,9 +258,9 @@ class Verdict:
             steps=g.steps,
             params=params,
             message=_explain(g.kind, opt, g.steps, g.first_step, g),
-            fix=located_fix(g.kind, opt, g.where, g.reset_how) or _FIX[g.kind],
+            fix=located_fix(g.kind, opt, where, g.reset_how) or _FIX[g.kind],
             rank=rank,
-            where=g.where,
+            where=where,
             worker=worker,
         )
 
@@ -295,6 +325,21 @@ def stream_name(stream: Stream) -> str:
     if worker is None:
         return f"rank {rank}"
     return f"worker {worker}" if rank == 0 else f"rank {rank} worker {worker}"
+
+
+def _places(kind: str, s: Step) -> list[tuple[str, int]]:
+    """The ``(role, site id)`` lines a step gives a finding of ``kind``, the one to change
+    first."""
+    sites = s.sites
+    step = [("step", sites.step)] if sites is not None and sites.step else []
+    if kind == "late_reset":
+        return ([("reset", r.site) for r in s.resets if r.after_backward and r.site]
+                + [("backward", b) for b in (sites.lost if sites else ())] + step)
+    if kind == "discarded_accumulation":
+        return [("reset", r.site) for r in s.resets if r.discarded and r.site]
+    if kind == "missed_reset":
+        return step + [("backward", b) for b in (sites.stale if sites else ())]
+    return [("backward", b) for b in (sites.leaked if sites else ())] + step
 
 
 def verdict_of(records: Iterable[Any]) -> Verdict:

@@ -46,6 +46,8 @@ ResetHow = Literal[
 ]
 
 NonNegInt = Annotated[int, Field(ge=0)]
+SiteId = Annotated[int, Field(ge=1)]
+"""The id of a :class:`Site` record, unique within one (run, rank) stream."""
 RUN_ID_CHARS = "A-Za-z0-9_.-"
 """The characters of a run id, as a regular-expression class body."""
 RunId = Annotated[str, Field(min_length=1, max_length=64, pattern=f"^[{RUN_ID_CHARS}]+$")]
@@ -117,6 +119,25 @@ class OptimizerInfo(_Record):
     ``dec_opt``); findings show it instead of ``opt``, which stays the id in records."""
 
 
+class Site(_Record):
+    """A line of the user's code that a backward, a step or a reset call ran from.
+
+    Sent once, before the first record that names it by :attr:`id`: step and reset records
+    carry site ids, and findings resolve them (:class:`Where`). The line is the innermost
+    frame outside torch, gradwatch and the frameworks that call torch on the user's behalf;
+    where the framework itself made the call (``trainer.fit`` runs the loop), the
+    framework's frame.
+    """
+
+    type: Literal["site"] = "site"
+    id: SiteId
+    file: str = Field(max_length=4096)
+    """The file as Python names it (``co_filename``: usually an absolute path)."""
+    line: NonNegInt
+    function: str = Field(default="", max_length=400)
+    """The function's qualified name (``<module>`` at a script's top level)."""
+
+
 class Reset(_Model):
     """Resets of one kind seen since the optimizer's previous step."""
 
@@ -127,6 +148,23 @@ class Reset(_Model):
     """Finite contributions thrown away that no step had consumed."""
     after_backward: bool = False
     """True when the reset ran after this step's fresh backward (a late reset)."""
+    site: SiteId | None = None
+    """Where the reset was called: the one of this kind that threw contributions away, else
+    the last (None for a reset written by hand, ``p.grad = None``: no call to see)."""
+
+
+class StepSites(_Model):
+    """Where a step's finding facts come from, as :class:`Site` ids. Only steps with a
+    finding fact carry them."""
+
+    step: SiteId | None = None
+    """The step call."""
+    stale: list[SiteId] = Field(default_factory=list, max_length=64)
+    """Backward calls whose contributions the step re-applied (stale)."""
+    leaked: list[SiteId] = Field(default_factory=list, max_length=64)
+    """Backward calls whose contributions leaked from another optimizer's step."""
+    lost: list[SiteId] = Field(default_factory=list, max_length=64)
+    """Backward calls whose contributions a reset threw away before the step."""
 
 
 class Step(_Record):
@@ -165,11 +203,16 @@ class Step(_Record):
     norm: Norm = None
     """Norm of the accumulated gradient the step read (unscaled), all params together."""
     fresh_norm: Norm = None
-    """Norm of the contributions added since the previous step."""
+    """Norm of the contributions added since the previous step, in the scale the step read:
+    where ``.grad`` also held old content it is measured when the backward returned and
+    scaled by what happened to each gradient since (clipping, unscaling, DDP's averaging)."""
     drift: Norm = None
-    """``norm / fresh_norm``: 1.0 when every gradient was reset; climbs on a missed reset."""
+    """``norm / fresh_norm``: 1.0 when every gradient was reset; climbs on a missed reset.
+    An in-place rescale between backward and step leaves it unchanged."""
     param_norms: list[Norm] | None = Field(default=None, max_length=100_000)
     param_fresh_norms: list[Norm] | None = Field(default=None, max_length=100_000)
+    sites: StepSites | None = None
+    """Where its finding facts come from (None on a step without one)."""
 
     @field_validator("norm", "fresh_norm", "drift", mode="before")
     @classmethod
@@ -207,11 +250,10 @@ class End(_Record):
     dropped: NonNegInt = 0
 
 
-Record = Annotated[
-    Header | OptimizerInfo | Step | Stats | End,
-    Field(discriminator="type"),
-]
-"""Any record of a step log or stream, told apart by its ``type``."""
+AnyRecord = Header | OptimizerInfo | Site | Step | Stats | End
+"""Any record model (the plain union, for type hints)."""
+Record = Annotated[AnyRecord, Field(discriminator="type")]
+"""Any record of a step log or stream, told apart by its ``type`` (for validation)."""
 
 RECORD_ADAPTER: TypeAdapter[Any] = TypeAdapter(Record)
 
@@ -232,12 +274,12 @@ class IngestBatch(_Model):
 
 
 class Where(_Model):
-    """A source line a finding involves: the user's call of a backward, a reset or a step."""
+    """A line of code a finding names (a :class:`Site`, with the part it played)."""
 
     role: Literal["backward", "reset", "step"]
     file: str
     line: NonNegInt
-    function: str
+    function: str = ""
 
 
 class Finding(_Model):
@@ -253,7 +295,8 @@ class Finding(_Model):
     message: str
     fix: str
     rank: NonNegInt = 0
-    where: list[Where] = []
+    where: list[Where] = Field(default_factory=list)
+    """The lines involved, the one to change first (see :mod:`gradwatch.verdict`)."""
     worker: NonNegInt | None = None
     """The worker process (see :attr:`Header.worker`) the finding is in, if any."""
 

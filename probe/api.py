@@ -35,11 +35,14 @@ _SCHEMES = ("ws://", "wss://", "http://", "https://")
 
 
 def unwrap(opt: Any) -> torch.optim.Optimizer | None:
-    """The real ``torch.optim.Optimizer`` inside a wrapper (Accelerate, Lightning), or None."""
+    """The real ``torch.optim.Optimizer`` inside a wrapper (Accelerate, Lightning, and SAM
+    and its copies, which step through their ``base_optimizer``), or None."""
     for _ in range(8):
         inner = getattr(opt, "optimizer", None)
         if inner is None:
             inner = getattr(opt, "_optimizer", None)
+        if inner is None:
+            inner = getattr(opt, "base_optimizer", None)
         if isinstance(opt, torch.optim.Optimizer) and not isinstance(
                 inner, torch.optim.Optimizer):
             return opt

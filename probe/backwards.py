@@ -13,8 +13,12 @@ purpose).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any
+
+from gradwatch.probe.deliberate import wrote_input_grad
 
 if TYPE_CHECKING:
     from gradwatch.probe.ledger import Ledger
@@ -27,23 +31,45 @@ _KEEP = 20_000
 
 class Backwards:
     """What the ledgers of one session share: backward numbers and phases, the first step
-    that consumed each backward, the backwards a skipped step looked at, and which ledgers
-    are armed (their consumed gradients not cleared by a zero_grad)."""
+    that consumed each backward, the backwards a skipped step looked at, which ledgers are
+    armed (their consumed gradients not cleared by a zero_grad) or watch their gradients
+    after each backward (a reset threw contributions away), where each backward was called,
+    and the graph of the last one."""
 
-    __slots__ = ("last", "phase", "_stepped", "_first", "_observed", "armed", "_ledgers")
+    __slots__ = ("last", "phase", "_stepped", "_first", "_observed", "armed", "lossy",
+                 "_ledgers", "_site_bws", "_site_ids", "roots", "roots_bw", "held",
+                 "phase_began", "_walked")
 
-    def __init__(self) -> None:
+    def __init__(self, held: Mapping[Any, Any] | None = None) -> None:
         self.last = 0
         """The number of the last backward (they count from 1)."""
         self.phase = 0
         self._stepped = False
+        self.phase_began = False
+        """The last backward started a phase (the first backward after a step)."""
         self._first: dict[int, tuple[int, int]] = {}
         """Backward -> ``(ledger uid, phase)`` of the first step that consumed it."""
         self._observed: set[int] = set()
         self.armed: set[Ledger] = set()
         """Ledgers that take the ``.grad`` state around each backward (see
         :mod:`gradwatch.probe.handresets`)."""
+        self.lossy: set[Ledger] = set()
+        """Ledgers that take their gradients after each backward until their next step: a
+        reset threw contributions away (see :mod:`gradwatch.probe.deliberate`)."""
         self._ledgers = 0
+        self._site_bws: list[int] = []
+        self._site_ids: list[int] = []
+        """Where backwards were called, as runs: from backward ``_site_bws[i]`` on, site
+        ``_site_ids[i]`` (a loop calls backward from one line: one run)."""
+        self.roots: Any = None
+        """What the last backward started from (its ``tensors``), which holds its graph's
+        nodes (their saved tensors are freed by then); None after a ``retain_graph``
+        backward, whose saved tensors must not outlive the user's reference."""
+        self.roots_bw = 0
+        self.held: Mapping[Any, Any] = held if held is not None else {}
+        """The parameters some watched optimizer holds (any container)."""
+        self._walked: tuple[int, bool] = (0, False)
+        """The last graph walked: ``(backward, whether it wrote an input's gradient)``."""
 
     @property
     def first_consumers(self) -> int:
@@ -55,13 +81,38 @@ class Backwards:
         self._ledgers += 1
         return self._ledgers - 1
 
-    def begin(self) -> int:
-        """A backward starts: its number (after a step, it starts a new phase)."""
+    def begin(self, site: int = 0, roots: Any = None) -> int:
+        """A backward starts, called at ``site`` from ``roots``: its number (after a step,
+        it starts a new phase)."""
         bw = self.last = self.last + 1
         if self._stepped:
             self.phase += 1
             self._stepped = False
+            self.phase_began = True
+        else:
+            self.phase_began = False
+        ids = self._site_ids
+        if site and (not ids or ids[-1] != site):
+            self._site_bws.append(bw)
+            ids.append(site)
+        self.roots = roots
+        self.roots_bw = bw
         return bw
+
+    def wrote_input_grad(self, bws: AbstractSet[int]) -> bool:
+        """Whether the last backward is among ``bws`` and wrote a gradient into a leaf that
+        is no parameter (see :func:`~gradwatch.probe.deliberate.wrote_input_grad`)."""
+        bw = self.roots_bw
+        if self.roots is None or bw not in bws:
+            return False
+        if self._walked[0] != bw:  # once per backward, however many resets ask
+            self._walked = (bw, wrote_input_grad(self.roots, self.held))
+        return self._walked[1]
+
+    def site_of(self, bw: int) -> int:
+        """Where backward ``bw`` was called (0: not known)."""
+        i = bisect_right(self._site_bws, bw) - 1
+        return self._site_ids[i] if i >= 0 else 0
 
     def found(self) -> int:
         """Gradient content found at attach time: a backward of its own, never judged as
@@ -85,24 +136,24 @@ class Backwards:
             first.setdefault(b, (uid, phase))
         return True
 
-    def leaked(self, uid: int, bws: list[int]) -> int:
-        """How many of one parameter's contributions (from backwards ``bws``) leaked to ledger
-        ``uid``; the others are claimed, as by :meth:`claim`, one by one."""
+    def leaked(self, uid: int, bws: list[int]) -> list[int]:
+        """Those of one parameter's contributions (from backwards ``bws``) that leaked to
+        ledger ``uid``; the others are claimed, as by :meth:`claim`, one by one."""
         first, phase = self._first, self.phase
-        n = 0
+        out = []
         for b in bws:
             c = first.get(b)
             if c is None:
                 first[b] = (uid, phase)
             elif c[0] != uid and c[1] < phase:
-                n += 1
-        return n
+                out.append(b)
+        return out
 
-    def lost(self, uid: int, bws: list[int]) -> int:
-        """How many contributions of backwards ``bws``, removed by a reset, ledger ``uid``
-        lost (see the module docstring)."""
+    def lost(self, uid: int, bws: list[int]) -> list[int]:
+        """Those of the contributions of backwards ``bws``, removed by a reset, that ledger
+        ``uid`` lost (see the module docstring)."""
         observed, first = self._observed, self._first
-        return sum(1 for b in bws if b not in observed and first.get(b, (uid,))[0] == uid)
+        return [b for b in bws if b not in observed and first.get(b, (uid,))[0] == uid]
 
     def observe(self, bws: Iterable[int]) -> None:
         """A skipped step looked at the contributions of backwards ``bws``."""
@@ -117,7 +168,9 @@ class Backwards:
     def stepped(self) -> None:
         """A step ended: the next backward starts a new phase; forget old backwards."""
         self._stepped = True
-        if len(self._first) > _PRUNE_AT:
+        if len(self._first) > _PRUNE_AT or len(self._site_bws) > _PRUNE_AT:
             cut = self.last - _KEEP
             self._first = {b: v for b, v in self._first.items() if b >= cut}
             self._observed = {b for b in self._observed if b >= cut}
+            i = max(0, bisect_right(self._site_bws, cut) - 1)  # keep the run holding cut
+            del self._site_bws[:i], self._site_ids[:i]

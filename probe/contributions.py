@@ -12,21 +12,24 @@ only when a path needs them per parameter, so the usual step never touches them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
 from gradwatch.probe.backwards import Backwards
-from gradwatch.probe.facts import Hits, ResetFact, StepTally, param_indices
+from gradwatch.probe.facts import Hits, ResetFact, StepTally, as_left, param_indices
 from gradwatch.probe.handresets import ArmedBackward, HandResets
 from gradwatch.probe.norms import Grads, values
+
+_MAX_PENDING = 4096
+"""Resets kept for an optimizer's next step (see :meth:`Contributions._pend`)."""
 
 
 class Contributions:
     """One optimizer's contributions, consumed and not, per parameter. Owned by its ledger."""
 
     __slots__ = ("params", "index", "backwards", "hand", "incoming", "hits", "cur_bw",
-                 "lazy_old", "dirty", "old", "new", "pending")
+                 "lazy_old", "dirty", "old", "new", "pending", "old_sites", "judge")
 
     def __init__(self, params: list[torch.Tensor], backwards: Backwards) -> None:
         self.params = params
@@ -50,6 +53,12 @@ class Contributions:
         self.new: list[list[int]] = [[] for _ in range(n)]
         self.pending: list[ResetFact] = []
         """Resets since the last step."""
+        self.old_sites: set[int] = set()
+        """Sites of the backwards whose consumed contributions were folded into :attr:`old`
+        since the last full reset (where re-applied content comes from)."""
+        self.judge: Callable[[ResetFact], ResetFact] | None = None
+        """Called on each reset that removed unconsumed contributions, as it is recorded: the
+        fact to keep (the ledger marks a deliberate one)."""
 
     def add(self, params: list[torch.Tensor]) -> range:
         """Parameters added to the optimizer, indexed after the others: their indices."""
@@ -116,12 +125,27 @@ class Contributions:
         if not self.lazy_old:
             return
         old, index = self.old, self.index
+        bws: set[int] = set()
         for hits in self.lazy_old:
+            if as_left(hits):
+                bws.add(-hits[0])
+            bw = 0  # a backward counts once a contribution of its own follows its marker
             for h in param_indices(hits, index):
                 if h >= 0:
                     old[h] += 1
                     self.dirty = True
+                    if bw:
+                        bws.add(bw)
+                        bw = 0
+                else:
+                    bw = -h
         self.lazy_old = []
+        self._consumed_from(bws)
+
+    def _consumed_from(self, bws: Iterable[int]) -> None:
+        """Contributions of backwards ``bws`` are consumed content from now on."""
+        site_of = self.backwards.site_of
+        self.old_sites.update(s for b in bws if (s := site_of(b)))
 
     def _landed(self, k: int, bw: int, seen: ArmedBackward) -> None:
         self.dirty = True
@@ -136,25 +160,27 @@ class Contributions:
         self.hits.clear()
 
     # ---------------------------------------------------------------- resets
-    def reset(self, k: int, how: str) -> None:
-        """Parameter ``k``'s gradient content was removed by ``how``."""
+    def reset(self, k: int, how: str, site: int = 0) -> None:
+        """Parameter ``k``'s gradient content was removed by ``how`` (called at ``site``)."""
         self.fold()
         self.fold_consumed()
         removed = self.new[k]
         if removed:
             self.new[k] = []  # hand the list itself over; never share it
         self.old[k] = 0
-        self.pending.append(ResetFact(how, [k], [(k, removed)] if removed else [], ()))
+        self._pend(ResetFact(how, [k], [(k, removed)] if removed else [], (), site))
 
-    def reset_all(self, how: str) -> None:
+    def reset_all(self, how: str, site: int = 0) -> None:
         """Every parameter was reset: in bulk where possible (the usual reset hands the
         consumed hit lists over as they are). Nothing to compare with any more."""
         if self.incoming or self.hits:
             self.fold()
         lazy, self.lazy_old = self.lazy_old, []
         self.hand.forget()
+        if self.old_sites:
+            self.old_sites = set()
         if not self.dirty:
-            self.pending.append(ResetFact(how, (), (), lazy))
+            self._pend(ResetFact(how, (), (), lazy, site))
             return
         old, new = self.old, self.new
         ks = [k for k, (o, nw) in enumerate(zip(old, new, strict=True)) if o or nw]
@@ -163,21 +189,34 @@ class Contributions:
             new[k] = []
         self.old = [0] * len(old)
         self.dirty = False
-        self.pending.append(ResetFact(how, ks, removed, lazy))
+        self._pend(ResetFact(how, ks, removed, lazy, site))
 
-    def reset_some(self, ks: Sequence[int], how: str) -> bool:
+    def reset_some(self, ks: Sequence[int], how: str, site: int = 0) -> bool:
         """Parameters ``ks`` were reset (a reset of this kind is recorded even where they
         held nothing). Returns whether that was every parameter."""
         self.fold()
         self.fold_consumed()
-        for k in ks:
-            if self.old[k] or self.new[k]:
-                self.reset(k, how)
-        self.pending.append(ResetFact(how, [], [], ()))
+        old, new = self.old, self.new
+        covered = [k for k in ks if old[k] or new[k]]
+        removed = [(k, new[k]) for k in covered if new[k]]
+        for k in covered:
+            new[k] = []  # the lists themselves are handed over in removed
+            old[k] = 0
+        self._pend(ResetFact(how, covered, removed, (), site))
         if len(ks) < len(self.params):
             return False
         self.hand.forget()
         return True
+
+    def _pend(self, fact: ResetFact) -> None:
+        if fact.removed and self.judge is not None:
+            fact = self.judge(fact)
+        pending = self.pending
+        pending.append(fact)
+        if len(pending) > _MAX_PENDING:
+            # An optimizer that never steps (SAM's own, under ``gradwatch run``) would keep
+            # every reset: forget the oldest half, which no step will judge any more.
+            del pending[:_MAX_PENDING // 2]
 
     def take_resets(self) -> list[ResetFact]:
         """The resets since the last step, handed over; the next step starts a new list."""
@@ -255,6 +294,7 @@ class Contributions:
         suspicious: list[int] = []
         zero: list[int] = []
         mixed: list[tuple[int, int]] = []
+        bws_now: set[int] = set()
         for k, g in enumerate(grads):
             nw = new[k]
             o = old[k]
@@ -279,10 +319,11 @@ class Contributions:
                 mixed.append((k, len(nw)))
             leaked = leaked_of(uid, nw)
             if leaked:
-                tally.leaked += leaked
+                tally.leaked += len(leaked)
                 tally.leaked_params.add(k)
-            tally.fresh += len(nw) - leaked
-            tally.bws.update(nw)
+                tally.leaked_bws.update(leaked)
+            tally.fresh += len(nw) - len(leaked)
+            bws_now.update(nw)
             tally.fresh_params.add(k)
             tally.consumed += o + len(nw)
             old[k] = o + len(nw)
@@ -297,6 +338,10 @@ class Contributions:
                     tally.stale += old[k]
                     tally.stale_params.add(k)
                     tally.consumed += old[k]
+        if tally.stale:
+            tally.stale_sites.update(self.old_sites)
+        tally.bws.update(bws_now)
+        self._consumed_from(bws_now)
         return zero, mixed
 
     def unconsumed(self, grads: Grads) -> set[int]:

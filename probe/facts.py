@@ -38,6 +38,11 @@ class ResetFact(NamedTuple):
     """``(param, backward ids)`` of the contributions it removed before any step read them."""
     cleared: Sequence[Hits]
     """Hit lists a bulk-counted step consumed, cleared whole by this reset."""
+    site: int = 0
+    """Where it was called (:mod:`gradwatch.probe.sites`; 0: a reset written by hand)."""
+    used: bool = False
+    """What it removed had been used on purpose (:mod:`gradwatch.probe.deliberate`): never
+    judged as lost."""
 
 
 @dataclass(slots=True)
@@ -66,6 +71,8 @@ class ResetLoss:
     """Contributions removed from parameters that then got a fresh one (inside a window)."""
     after_backward: bool = False
     """Some removed contribution left its parameter with nothing fresh (a late reset)."""
+    site: int = 0
+    """Where the first reset of this kind that threw something away was called."""
 
 
 class StepTally:
@@ -73,7 +80,8 @@ class StepTally:
     handed over whole: the ledger starts a new one for the next step."""
 
     __slots__ = ("consumed", "fresh", "stale", "leaked", "stale_params", "leaked_params",
-                 "fresh_params", "fresh_hits", "bws", "closure_evals", "norms")
+                 "fresh_params", "fresh_hits", "bws", "closure_evals", "norms", "stale_sites",
+                 "leaked_bws")
 
     def __init__(self) -> None:
         self.consumed = 0
@@ -88,10 +96,25 @@ class StepTally:
         self.bws: set[int] = set()
         self.closure_evals = 0
         self.norms: Norms = None
+        self.stale_sites: set[int] = set()
+        """Sites of the backwards whose consumed contributions the step read again."""
+        self.leaked_bws: set[int] = set()
 
     def had_fresh(self, k: int) -> bool:
         """Whether parameter ``k`` got a fresh contribution consumed at this step."""
         return k in self.fresh_params or any(k in hits for hits in self.fresh_hits)
+
+
+@dataclass(slots=True)
+class SiteFacts:
+    """Where a step's finding facts come from (site ids, 0 unknown): handed over only with a
+    step that has one."""
+
+    step: int = 0
+    stale: AbstractSet[int] = frozenset()
+    leaked: AbstractSet[int] = frozenset()
+    lost: AbstractSet[int] = frozenset()
+    """Backwards whose contributions a reset threw away (late or discarded)."""
 
 
 @dataclass(slots=True)
@@ -127,6 +150,14 @@ class JudgedStep:
     late: AbstractSet[int]
     """Parameters left with nothing fresh by a reset after their backward."""
     discarded_params: AbstractSet[int]
+    sites: SiteFacts | None = None
+    """Set only on a step with a finding fact."""
+
+    def has_findings(self) -> bool:
+        """Whether a finding fact is among them (the rule of
+        :func:`gradwatch.verdict.has_finding_facts`, on the facts)."""
+        tally = self.tally
+        return bool(tally.stale or tally.leaked or self.late or self.discarded_params)
 
 
 StepFacts = TextbookStep | JudgedStep

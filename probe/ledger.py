@@ -17,6 +17,8 @@ the step's facts over for the writer thread (:mod:`gradwatch.probe.facts`). Rule
 - *discarded*: such lost contributions on parameters that then got a fresh one (a reset
   inside an accumulation window).
 
+Contributions thrown away on purpose (:mod:`gradwatch.probe.deliberate`) are neither.
+
 Three ways count a step, all ending in the same facts (a test proves it): the textbook step
 (one backward since the last step, every gradient reset since) takes the hooks' list whole;
 any other step whose gradients hold no consumed content counts the hits in bulk; the rest
@@ -35,7 +37,18 @@ import torch
 
 from gradwatch.probe.backwards import Backwards
 from gradwatch.probe.contributions import Contributions
-from gradwatch.probe.facts import Hits, JudgedStep, ResetLoss, StepFacts, StepTally, TextbookStep
+from gradwatch.probe.deliberate import Deliberate
+from gradwatch.probe.facts import (
+    Hits,
+    JudgedStep,
+    ResetFact,
+    ResetLoss,
+    SiteFacts,
+    StepFacts,
+    StepTally,
+    TextbookStep,
+    param_indices,
+)
 from gradwatch.probe.handresets import ArmedBackward
 from gradwatch.probe.norms import Grads, NormSchedule
 
@@ -43,13 +56,16 @@ _removed = attrgetter("removed")
 _NO_LOSSES: dict[str, ResetLoss] = {}
 _NO_PARAMS: frozenset[int] = frozenset()
 """Shared, never written: what a step with no reset to judge hands over."""
+_BY_HAND = frozenset({"set_none", "zero_", "replaced"})
+Lost = tuple[ResetFact, int, list[int]]
+"""A reset, a parameter, and the backwards of the contributions on it the reset threw away."""
 
 
 class Ledger:
     """Everything the probe counts for one optimizer, and the methods that count it."""
 
     __slots__ = ("opt", "uid", "name", "params", "groups", "backwards", "contents", "norms",
-                 "step", "tally", "in_step")
+                 "step", "tally", "in_step", "deliberate")
 
     def __init__(self, opt: torch.optim.Optimizer, name: str, params: list[torch.Tensor],
                  groups: list[int], backwards: Backwards, norms_every: int) -> None:
@@ -62,7 +78,9 @@ class Ledger:
         """Each parameter's param group."""
         self.backwards = backwards
         self.contents = Contributions(params, backwards)
+        self.contents.judge = self._judge_removal
         self.norms = NormSchedule(opt, norms_every)
+        self.deliberate = Deliberate(params)
         self.step = 0
         self.tally = StepTally()
         self.in_step = False
@@ -79,7 +97,8 @@ class Ledger:
         returns their indices."""
         ks = self.contents.add(params)  # extends self.params: the same list
         self.groups.extend(groups)
-        self.norms.replan(len(params))
+        self.norms.replan()
+        self.deliberate.replan()
         return ks
 
     def found(self, ks: range) -> None:
@@ -87,20 +106,41 @@ class Ledger:
         self.contents.found(ks)
 
     # ---------------------------------------------------------------- torch's events
-    def after_zero_grad(self) -> None:
-        """``Optimizer.zero_grad`` reset every parameter."""
-        self.contents.reset_all("optimizer_zero_grad")
+    def after_zero_grad(self, site: int = 0) -> None:
+        """``Optimizer.zero_grad`` (called at ``site``) reset every parameter."""
+        self.norms.reset()
+        self.contents.reset_all("optimizer_zero_grad", site)
         self.backwards.disarm(self)
 
-    def after_module_zero_grad(self, ks: Sequence[int]) -> None:
-        """``Module.zero_grad`` reset parameters ``ks`` (the module's, of this optimizer)."""
-        if self.contents.reset_some(ks, "module_zero_grad"):
+    def after_module_zero_grad(self, ks: Sequence[int], site: int = 0,
+                               how: str = "module_zero_grad") -> None:
+        """``Module.zero_grad`` (or another optimizer's ``zero_grad``: ``how``) reset
+        parameters ``ks`` of this optimizer."""
+        if self.contents.reset_some(ks, how, site):
+            self.norms.reset()
             self.backwards.disarm(self)
 
-    def watch_backward(self, bw: int) -> ArmedBackward:
-        """Backward ``bw`` starts while this ledger is armed: the ``.grad`` state before it,
-        completed when the engine returns (:meth:`ArmedBackward.done`)."""
-        return self.contents.watch_backward(bw)
+    def phase_began(self) -> None:
+        """The first backward after a step (any optimizer's) starts."""
+        self.deliberate.phase_began()
+
+    def backward_begins(self, bw: int) -> ArmedBackward | None:
+        """Backward ``bw`` starts while this ledger is armed or lossy: an armed one takes the
+        ``.grad`` state before it (returned, completed by :meth:`backward_ends`) and
+        measures its fresh part."""
+        if self not in self.backwards.armed:
+            return None
+        seen = self.contents.watch_backward(bw)
+        self.norms.backward_begins(self.step, self.params, self.contents.old)
+        return seen
+
+    def backward_ends(self, seen: ArmedBackward | None) -> None:
+        """The engine returned from a backward :meth:`backward_begins` saw start."""
+        if seen is not None:
+            seen.done(self.params)
+            self.norms.backward_ends(self.params)
+        if self in self.backwards.lossy:
+            self.deliberate.backward_left()
 
     def fold_if_over(self, limit: int) -> None:
         """Fold the hooks' list when it holds more than ``limit`` entries (backwards with no
@@ -179,26 +219,73 @@ class Ledger:
     def finalize(self, skipped: bool) -> JudgedStep:
         """Judge the resets since the previous step (a skipped step's are not judged), hand
         the step's facts over and start the next step."""
+        if skipped:
+            return self._close(True, _NO_LOSSES, _NO_PARAMS, _NO_PARAMS)
+        tally, lost, uid = self.tally, self.backwards.lost, self.uid
+        late: list[Lost] = []
+        discarded: list[Lost] = []
+        for reset in self.contents.pending:
+            if reset.how in _BY_HAND:
+                self.norms.quiet = True
+            if reset.used:
+                continue
+            for k, bws in reset.removed:
+                gone = lost(uid, bws)
+                if gone:
+                    (discarded if tally.had_fresh(k) else late).append((reset, k, gone))
+        deliberate = self.deliberate
+        if (discarded or late) and deliberate.left is not None:
+            grads = [p.grad for p in self.params]
+            if deliberate.handwritten(grads, {k for _, k, _ in discarded + late}):
+                # gradient surgery: the step read what was written after the backwards
+                discarded = []
+                late = [x for x in late if grads[x[1]] is None]
+        if (late and all(r.how != "optimizer_zero_grad" for r, _, _ in late)
+                and deliberate.frozen_layers({k for _, k, _ in late}, self._fresh_params())):
+            late = []  # whole layers frozen for this step by hand, the rest stepped fresh
         losses: dict[str, ResetLoss] = {}
-        late: set[int] = set()
-        discarded: set[int] = set()
-        if not skipped:
-            tally, lost, uid = self.tally, self.backwards.lost, self.uid
-            for reset in self.contents.pending:
-                for k, bws in reset.removed:
-                    n = lost(uid, bws)
-                    if not n:
-                        continue
-                    loss = losses.get(reset.how)
-                    if loss is None:
-                        loss = losses[reset.how] = ResetLoss()
-                    if tally.had_fresh(k):
-                        loss.discarded += n
-                        discarded.add(k)
-                    else:
-                        late.add(k)
-                        loss.after_backward = True
-        return self._close(skipped, losses, late, discarded)
+        lost_bws: set[int] = set()
+        for found, is_late in ((late, True), (discarded, False)):
+            for reset, _, gone in found:
+                loss = losses.get(reset.how)
+                if loss is None:
+                    loss = losses[reset.how] = ResetLoss(site=reset.site)
+                if is_late:
+                    loss.after_backward = True
+                else:
+                    loss.discarded += len(gone)
+                lost_bws.update(gone)
+        facts = self._close(False, losses, {k for _, k, _ in late},
+                            {k for _, k, _ in discarded})
+        if facts.has_findings():
+            site_of = self.backwards.site_of
+            facts.sites = SiteFacts(0, tally.stale_sites,
+                                    {s for b in tally.leaked_bws if (s := site_of(b))},
+                                    {s for b in lost_bws if (s := site_of(b))})
+        return facts
+
+    def _fresh_params(self) -> set[int]:
+        """The parameters that got a fresh contribution consumed at this step."""
+        tally = self.tally
+        fresh = set(tally.fresh_params)
+        for hits in tally.fresh_hits:
+            fresh.update(h for h in param_indices(hits, self.contents.index) if h >= 0)
+        return fresh
+
+    def _judge_removal(self, reset: ResetFact) -> ResetFact:
+        """A reset removed contributions no step consumed: whether they were used on purpose
+        (see :mod:`gradwatch.probe.deliberate`); if not, watch the gradients the next
+        backwards leave, for the step to judge."""
+        lost, uid = self.backwards.lost, self.uid
+        gone = [(k, lost(uid, bws)) for k, bws in reset.removed]
+        gone = [(k, bws) for k, bws in gone if bws]
+        if not gone:  # another optimizer's step consumed them (a GAN's D.zero_grad)
+            return reset
+        if self.deliberate.moved({k for k, _ in gone}) or self.backwards.wrote_input_grad(
+                {b for _, bws in gone for b in bws}):
+            return reset._replace(used=True)
+        self.backwards.lossy.add(self)
+        return reset
 
     def _sample_and_mark(self, grads: Grads, zero: list[int],
                          mixed: list[tuple[int, int]], missing: bool) -> None:
@@ -227,3 +314,8 @@ class Ledger:
         self.step += 1
         self.in_step = False
         self.backwards.stepped()
+        lossy = self.backwards.lossy
+        if lossy and self in lossy:
+            lossy.discard(self)
+            self.deliberate.forget()
+

@@ -235,3 +235,20 @@ def _named(params: Sequence[torch.Tensor], groups: Sequence[int] | None,
            table: dict[torch.Tensor, str]) -> list[str]:
     fallback = unnamed(groups, len(params))
     return [table.get(p, fallback[k]) for k, p in enumerate(params)]
+
+
+def owners(params: Sequence[torch.Tensor]) -> list[int]:
+    """For each parameter, an id of the live module that holds it directly (in its own
+    ``_parameters``; a layer), or -1: which parameters make up one layer. Looks through
+    ``gc`` once per call (rare: see :mod:`gradwatch.probe.deliberate`)."""
+    wanted = {id(p): k for k, p in enumerate(params)}
+    out = [-1] * len(params)
+    module_t = torch.nn.Module
+    for m in gc.get_objects():
+        if not issubclass(type(m), module_t):  # type(): see from_live_modules
+            continue
+        for p in m.__dict__.get("_parameters", {}).values():
+            k = wanted.get(id(p))
+            if k is not None and p is params[k] and out[k] == -1:
+                out[k] = id(m)
+    return out

@@ -9,15 +9,14 @@ at once (see :func:`_made`).
 
 Fresh norms (the contributions added since the previous step): where a ``.grad`` holds only
 fresh contributions (every clean step) the fresh norm *is* the norm, with no extra kernel.
-Where it also holds contributions consumed before (a missed reset), the exact fresh part is
-``grad - grad_at_last_step``, which needs a copy of the consumed gradient: the probe keeps
-one only for optimizers that have shown stale consumption. Where the fresh part is not
-exactly known it is ``None``.
+Where it also holds contributions consumed before (a missed reset), the fresh part is
+measured around each backward of an armed optimizer (:mod:`gradwatch.probe.freshpart`), so
+that an in-place rescale before the step leaves the drift as it was. Where the fresh part
+was not measured it is ``None``.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,22 +24,21 @@ import torch
 
 from gradwatch.probe.cpuplan import CpuPlan
 from gradwatch.probe.facts import Norms, NormSample
+from gradwatch.probe.freshpart import FreshPart
 
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 
 Grads = list[torch.Tensor | None]
 """The gradients a step reads, one per parameter (None where a parameter has none)."""
-Baseline = list[tuple[torch.Tensor, "weakref.ref[torch.Tensor]", int] | None]
-"""Per parameter: a copy of the gradient a step consumed, a reference to it and its version
-(or None)."""
 
 
 class NormSchedule:
     """When one optimizer's norms are sampled, and how: its :class:`CpuPlan` and, on the bug
-    path, the copies of consumed gradients its exact fresh norms need. Owned by its ledger."""
+    path, the fresh part its gradients hold (:class:`FreshPart`). Owned by its ledger."""
 
-    __slots__ = ("opt", "every", "plan", "planned", "baseline", "stale_seen")
+    __slots__ = ("opt", "every", "plan", "planned", "fresh", "stale_seen", "quiet",
+                 "measuring")
 
     def __init__(self, opt: torch.optim.Optimizer, every: int) -> None:
         self.opt = opt
@@ -49,14 +47,20 @@ class NormSchedule:
         self.plan: CpuPlan | None = None
         self.planned = False
         """:attr:`plan` was made (it is None where the gradients are not all on the CPU)."""
-        self.baseline: Baseline | None = None
+        self.fresh = FreshPart()
         self.stale_seen = False
-        """The optimizer consumed stale content once: keep baselines from now on."""
+        """The optimizer consumed stale content once."""
+        self.quiet = False
+        """Resets follow this optimizer's armed backwards (written by hand, ``p.grad =
+        None`` or ``p.grad.zero_()``, or a zero_grad that threw a measured backward away):
+        its fresh part is not measured unless it re-applies old gradients."""
+        self.measuring = False
+        """A backward is being measured (:meth:`backward_begins`)."""
 
     def due(self, step: int, grads: Grads, zero: list[int],
             mixed: list[tuple[int, int]], missing: bool) -> Norms:
-        """This step's norms when due, else None (see :func:`sample` for the arguments);
-        keeps the copy of the gradients the next step's exact fresh norms need."""
+        """This step's norms when due, else None (see :func:`sample` for the arguments).
+        The step consumes the gradients: their fresh part starts again from nothing."""
         every = self.every
         if not every:
             return None
@@ -73,16 +77,36 @@ class NormSchedule:
                     and not (plan.groups or plan.failed or missing or zero or mixed)):
                 norms = plan.read(grads)  # type: ignore[arg-type]  # no None in them
             if norms is None:
-                norms = sample(grads, scale, zero, mixed, self.baseline, missing, plan)
-        if self.stale_seen and (step + 1) % every == 0:
-            self.baseline = snapshot(grads)
-        elif self.baseline is not None:
-            self.baseline = None
+                norms = sample(grads, scale, zero, mixed, self.fresh, missing, plan)
+        self.fresh.clear()
         return norms
 
     def saw_stale(self) -> None:
-        """The optimizer consumed stale content: keep baselines for exact fresh norms."""
+        """The optimizer consumed stale content (measure its fresh part from now on)."""
         self.stale_seen = True
+
+    def backward_begins(self, step: int, params: Sequence[torch.Tensor],
+                        old: Sequence[int]) -> None:
+        """A backward starts while the optimizer is armed (its next step is ``step``):
+        measure its fresh part when that step samples norms. Not on an optimizer whose
+        gradients are reset by hand and never re-applied (``p.grad.zero_()`` after each
+        step arms it, and would cost a copy per backward)."""
+        every = self.every
+        if every and step % every == 0 and (self.stale_seen or not self.quiet):
+            self.fresh.begin(params, old)
+            self.measuring = True
+
+    def reset(self) -> None:
+        """Every gradient was reset: a fresh part measured since is thrown away with them."""
+        if self.fresh.holding():
+            self.quiet = True
+            self.fresh.clear()
+
+    def backward_ends(self, params: Sequence[torch.Tensor]) -> None:
+        """The engine returned from a backward :meth:`backward_begins` measures."""
+        if self.measuring:
+            self.measuring = False
+            self.fresh.end(params)
 
     def skipped(self, step: int, grads: Grads) -> Norms:
         """The norms of a step GradScaler skipped, when due (as they are: nothing unscaled)."""
@@ -91,11 +115,9 @@ class NormSchedule:
             return sample(grads, None, [], [], None)
         return None
 
-    def replan(self, added: int) -> None:
-        """Parameters were added: plan again; they have no baseline."""
+    def replan(self) -> None:
+        """Parameters were added: plan again."""
         self.plan, self.planned = None, False
-        if self.baseline is not None:
-            self.baseline.extend([None] * added)
 
 
 def _norm_list(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -123,7 +145,7 @@ def values(grads: list[torch.Tensor]) -> list[float]:
 
 
 def sample(grads: Grads, scale: Any, zero: list[int],
-           mixed: list[tuple[int, int]], baseline: Baseline | None,
+           mixed: list[tuple[int, int]], fresh: FreshPart | None,
            missing: bool = True, plan: CpuPlan | None = None) -> NormSample:
     """Norms of this step's gradients and of their fresh part.
 
@@ -132,7 +154,7 @@ def sample(grads: Grads, scale: Any, zero: list[int],
         scale: GradScaler's scale when the optimizer unscales itself (fused), else None.
         zero: indices whose gradient holds no fresh contribution (fresh norm 0).
         mixed: ``(k, n_new)`` for gradients holding stale and fresh contributions.
-        baseline: copies taken at the previous step (bug path), or None.
+        fresh: their fresh part as measured at the backwards (bug path), or None.
         missing: whether some entries of ``grads`` may be None.
         plan: a :class:`CpuPlan` for these gradients (CPU), or None.
     """
@@ -140,14 +162,14 @@ def sample(grads: Grads, scale: Any, zero: list[int],
     if enabled:  # a norm of a grad that requires grad (create_graph) must not build a graph
         _set_grad_enabled(False)  # (cheaper than entering ``torch.no_grad()`` per step)
     try:
-        return _sample(grads, scale, zero, mixed, baseline, missing, plan)
+        return _sample(grads, scale, zero, mixed, fresh, missing, plan)
     finally:
         if enabled:
             _set_grad_enabled(True)
 
 
 def _sample(grads: Grads, scale: Any, zero: list[int],
-            mixed: list[tuple[int, int]], baseline: Baseline | None, missing: bool,
+            mixed: list[tuple[int, int]], part: FreshPart | None, missing: bool,
             plan: CpuPlan | None) -> NormSample:
     present: list[torch.Tensor]
     ks: Sequence[int]
@@ -168,23 +190,15 @@ def _sample(grads: Grads, scale: Any, zero: list[int],
     fresh = norms.clone()
     if zero:
         fresh[[pos[k] for k in zero if k in pos]] = 0.0
-    unknown: list[int] = []
-    exact: list[tuple[int, torch.Tensor, torch.Tensor]] = []
-    for k, n_new in mixed:
-        g = grads[k]
-        base = baseline[k] if baseline is not None else None
-        if (g is None or base is None or base[1]() is not g
-                or g._version != base[2] + n_new):
-            if k in pos:
-                unknown.append(pos[k])
-        else:
-            exact.append((pos[k], g, base[0]))
-    if exact:
-        diffs = torch._foreach_sub([e[1] for e in exact], [e[2] for e in exact])
-        dn = _norm_list(list(diffs))
-        if scale is not None:
-            dn = dn / scale.to(dn.device)
-        fresh[[e[0] for e in exact]] = dn.to(fresh.device, fresh.dtype)
+    mixed_ks = [k for k, _ in mixed if k in pos]
+    js: list[int] = []
+    if part is not None and mixed_ks:
+        at = [pos[k] for k in mixed_ks]
+        js, scaled = part.scaled(mixed_ks, grads, norms[at])
+        if scaled is not None:
+            fresh[[at[j] for j in js]] = scaled
+    answered = set(js)
+    unknown = [pos[k] for j, k in enumerate(mixed_ks) if j not in answered]
     return _made(len(grads), ks, norms, fresh, unknown, cpu)
 
 
@@ -198,10 +212,3 @@ def _made(n: int, ks: Sequence[int], norms: torch.Tensor, fresh: torch.Tensor,
     host = norms.tolist()
     return NormSample(n, ks, host, host if fresh is norms else fresh.tolist(), unknown)
 
-
-def snapshot(grads: Grads) -> Baseline:
-    """Copies of the consumed gradients (bug path only), with identity and version."""
-    ref = weakref.ref
-    with torch.no_grad():
-        return [None if g is None or g.is_sparse else (g.detach().clone(), ref(g), g._version)
-                for g in grads]

@@ -97,14 +97,26 @@ def _make_scaler_step(orig: Any) -> Any:
 _graph_task_id = torch._C._current_graph_task_id
 
 
+def _roots(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The ``tensors`` of ``torch.autograd.backward(tensors, grad_tensors, retain_graph,
+    create_graph, ...)``; None when the graph is retained (its saved tensors must not be held
+    longer than the user holds them)."""
+    retain = args[2] if len(args) > 2 else kwargs.get("retain_graph")
+    create = args[3] if len(args) > 3 else kwargs.get("create_graph", False)
+    if retain or (retain is None and create):
+        return None
+    return args[0] if args else kwargs.get("tensors")
+
+
 def _make_backward(orig: Any) -> Any:
     def backward(*args: Any, **kwargs: Any) -> Any:
         active = _active
         if not active or _graph_task_id() != -1:  # nested: part of the running backward
             return orig(*args, **kwargs)
         armed = None  # a list only when some tracker is armed (no list per backward)
+        roots = _roots(args, kwargs)
         for t in active:
-            if (a := t.begin()) is not None:
+            if (a := t.begin(roots)) is not None:
                 if armed is None:
                     armed = []
                 armed.append((t, a))

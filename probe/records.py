@@ -28,17 +28,20 @@ from gradwatch.probe.facts import (
     NormSample,
     ResetFact,
     ResetLoss,
+    SiteFacts,
     StepFacts,
     StepTally,
     TextbookStep,
     as_left,
     param_indices,
 )
-from gradwatch.wire import Reset, Step, trusted
+from gradwatch.wire import Reset, Step, StepSites, trusted
 
 _NOTHING_LOST = ResetLoss()
 _NO_LOSSES: dict[str, ResetLoss] = {}
 _NO_PARAMS: frozenset[int] = frozenset()
+_MAX_SITES = 64
+"""Site ids a step names per role at most (the wire's bound)."""
 
 
 class Lookup:
@@ -105,7 +108,7 @@ class StepRecords:
         if isinstance(item, JudgedStep):
             return step_record(seq, item.t, item.opt, item.step, item.skipped, item.tally,
                                item.resets, self._lookup(item.opt, item.index), item.losses,
-                               item.late, item.discarded_params)
+                               item.late, item.discarded_params, item.sites)
         item.seq = seq  # type: ignore[attr-defined]
         return item
 
@@ -127,11 +130,15 @@ class StepRecords:
 
 def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: StepTally,
                 resets_since: list[ResetFact], lookup: Lookup, losses: dict[str, ResetLoss],
-                late: AbstractSet[int], discarded_params: AbstractSet[int]) -> Step:
+                late: AbstractSet[int], discarded_params: AbstractSet[int],
+                sites: SiteFacts | None = None) -> Step:
     """A :class:`Step` record from a step's facts."""
     by_how: dict[str, list[tuple[Sequence[int], Sequence[Hits]]]] = {}
+    last_site: dict[str, int] = {}
     for reset in resets_since:
         by_how.setdefault(reset.how, []).append((reset.params, reset.cleared))
+        if reset.site:
+            last_site[reset.how] = reset.site
     resets = []
     discarded = 0
     for how, parts in by_how.items():
@@ -139,7 +146,8 @@ def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: S
         discarded += loss.discarded
         resets.append(trusted(Reset, {"how": how, "params": lookup.reset_params(parts),
                                       "discarded": loss.discarded,
-                                      "after_backward": loss.after_backward}))
+                                      "after_backward": loss.after_backward,
+                                      "site": loss.site or last_site.get(how)}))
     norm = fresh_norm = drift = per = fresh = None
     if tally.norms is not None:
         per, fresh, norm, fresh_norm = host_norms(tally.norms)
@@ -154,7 +162,11 @@ def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: S
         "leaked_params": sorted(tally.leaked_params), "late_params": sorted(late),
         "discarded": discarded, "discarded_params": sorted(discarded_params),
         "resets": resets, "norm": norm, "fresh_norm": fresh_norm, "drift": drift,
-        "param_norms": per, "param_fresh_norms": fresh})
+        "param_norms": per, "param_fresh_norms": fresh,
+        "sites": None if sites is None else trusted(StepSites, {
+            "step": sites.step or None, "stale": sorted(sites.stale)[:_MAX_SITES],
+            "leaked": sorted(sites.leaked)[:_MAX_SITES],
+            "lost": sorted(sites.lost)[:_MAX_SITES]})})
 
 
 def host_norms(sample: NormSample | list[float]

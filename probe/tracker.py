@@ -9,7 +9,9 @@ are told apart by a marker the wrapper of ``torch.autograd.backward``
 backward run inside another one (reentrant checkpointing) belongs to the outer one. On the
 rare *armed* path (a step without a following ``zero_grad``) the wrapper also takes the
 ``.grad`` state around the backward. Everything else runs once per step (the step pre-hook,
-plus a post-hook for closure steps) or in the ``zero_grad`` wrappers.
+plus a post-hook for closure steps) or in the ``zero_grad`` wrappers. Each backward and
+reset call also notes its call site (:mod:`gradwatch.probe.sites`), a step only when its
+facts hold a finding.
 
 A backward that calls the autograd engine without ``torch.autograd.backward`` (Megatron's
 ``custom_backward``), or through a reference to it taken before the watch started, gets no
@@ -22,19 +24,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
 from gradwatch.probe.backwards import Backwards
-from gradwatch.probe.facts import StepFacts
+from gradwatch.probe.facts import JudgedStep, StepFacts
 from gradwatch.probe.handresets import ArmedBackward
 from gradwatch.probe.ledger import Ledger
 from gradwatch.probe.names import Namer, positional
 from gradwatch.probe.nocompile import no_compile
-from gradwatch.wire import OptimizerInfo
+from gradwatch.probe.sites import Sites
+from gradwatch.wire import OptimizerInfo, Site
 
 log = logging.getLogger("gradwatch.probe")
 
@@ -44,7 +47,7 @@ _MAX_HITS = 1_000_000
 checked every :data:`_CHECK_EVERY` backwards."""
 _CHECK_EVERY = 1024
 
-Emit = Callable[[StepFacts | OptimizerInfo], None]
+Emit = Callable[[StepFacts | OptimizerInfo | Site], None]
 """Where step facts and records go (the writer's ``put``): never blocks."""
 StepArgs = tuple[tuple[Any, ...], dict[str, Any]]
 """A step's ``(args, kwargs)``, as torch hands them to a step pre-hook."""
@@ -60,18 +63,23 @@ class Tracker:
 
     __slots__ = ("on", "backwards", "ledgers", "marks", "by_param", "handles", "own_hooks",
                  "post_hooked", "unhooked", "emit", "norms_every", "namer", "auto",
-                 "on_disable", "disabled", "steps", "_names_taken", "labeler", "labels")
+                 "on_disable", "disabled", "steps", "_names_taken", "labeler", "labels",
+                 "sites", "shared")
 
     def __init__(self, emit: Emit, *, norms_every: int = 1, namer: Namer | None = None,
                  auto: bool = False, on_disable: Callable[[str], None] | None = None,
                  labeler: Callable[[torch.optim.Optimizer], str | None] | None = None):
         self.on = True
         """False once turned off (an internal error, or closed)."""
-        self.backwards = Backwards()
+        self.by_param: dict[torch.Tensor, list[tuple[Ledger, int]]] = {}
+        self.backwards = Backwards(held=self.by_param)
         self.ledgers: dict[torch.optim.Optimizer, Ledger] = {}
         self.marks: list[Callable[[int], None]] = []
         """Each ledger's ``incoming.append``: where a backward's marker goes."""
-        self.by_param: dict[torch.Tensor, list[tuple[Ledger, int]]] = {}
+        self.shared: set[Ledger] = set()
+        """Ledgers holding a parameter another ledger holds too (SAM and its base
+        optimizer, under ``gradwatch run``)."""
+        self.sites = Sites(emit)
         self.handles: list[RemovableHandle] = []
         self.own_hooks: set[Ledger] = set()
         """Ledgers whose optimizer has step hooks of its own (not the global ones of
@@ -125,7 +133,10 @@ class Tracker:
 
     def _track(self, led: Ledger, ks: range) -> None:
         for k in ks:
-            self.by_param.setdefault(led.params[k], []).append((led, k))
+            holders = self.by_param.setdefault(led.params[k], [])
+            holders.append((led, k))
+            if len(holders) > 1:
+                self.shared.update(other for other, _ in holders)
             self._hook(led, k)
         led.found(ks)
 
@@ -172,37 +183,43 @@ class Tracker:
             hooks.update(others)
 
     # ---------------------------------------------------------------- backward
-    def begin(self) -> list[tuple[Ledger, ArmedBackward]] | None:
-        """A backward pass starts (the engine has not run yet): number it and mark it.
+    def begin(self, roots: Any = None) -> list[tuple[Ledger, ArmedBackward | None]] | None:
+        """A backward pass from ``roots`` starts (the engine has not run yet): number it,
+        note where it was called, and mark it.
 
         Armed ledgers (their consumed gradients not cleared by zero_grad) also get their
-        ``.grad`` state taken, returned for :meth:`end`; None when none is armed.
+        ``.grad`` state taken, and lossy ones (a reset threw contributions away) their
+        gradients after it: returned for :meth:`end`; None when no ledger is either.
         """
         if not self.on:
             return None
         try:
-            bw = self.backwards.begin()
+            b = self.backwards
+            bw = b.begin(self.sites.here("backward"), roots)
+            if b.phase_began:
+                for led in self.ledgers.values():
+                    led.phase_began()
             if not bw % _CHECK_EVERY:
                 for led in self.ledgers.values():
                     led.fold_if_over(_MAX_HITS)
             marker = -bw
             for mark in self.marks:
                 mark(marker)
-            armed = self.backwards.armed
-            if not armed:
+            armed, lossy = b.armed, b.lossy
+            if not armed and not lossy:
                 return None
-            return [(led, led.watch_backward(bw)) for led in armed]
+            return [(led, led.backward_begins(bw)) for led in (armed | lossy)]
         except Exception as e:  # noqa: BLE001 - never raise into the training loop
             self.fail(e)
             return None
 
-    def end(self, armed: list[tuple[Ledger, ArmedBackward]]) -> None:
-        """The engine returned (or raised): take the armed ledgers' gradients."""
+    def end(self, armed: list[tuple[Ledger, ArmedBackward | None]]) -> None:
+        """The engine returned (or raised): take the armed and lossy ledgers' gradients."""
         if not self.on:
             return
         try:
             for led, seen in armed:
-                seen.done(led.params)
+                led.backward_ends(seen)
         except Exception as e:  # noqa: BLE001
             self.fail(e)
 
@@ -253,6 +270,8 @@ class Tracker:
             self.fail(e)
 
     def _emit_step(self, facts: StepFacts) -> None:
+        if type(facts) is JudgedStep and facts.sites is not None:
+            facts.sites.step = self.sites.here("step")
         self.emit(facts)
         self.steps += 1
 
@@ -270,12 +289,27 @@ class Tracker:
 
     # ---------------------------------------------------------------- reset signals
     def opt_zero_grad(self, opt: torch.optim.Optimizer) -> None:
-        """After ``Optimizer.zero_grad``: every parameter of ``opt`` was reset."""
-        led = self.ledgers.get(opt)
-        if led is None or not self.on:
+        """After ``Optimizer.zero_grad``: every parameter of ``opt`` was reset, also for the
+        other ledgers that hold some of them (SAM resets through an optimizer of its own
+        over its base optimizer's parameters)."""
+        if not self.on:
             return
         try:
-            led.after_zero_grad()
+            led = self.ledgers.get(opt)
+            if led is not None and led not in self.shared:  # the usual case
+                led.after_zero_grad(self.sites.here("reset"))
+                return
+            if not self.by_param:
+                return
+            covered = self._covered(p for g in opt.param_groups for p in g["params"])
+            covered.pop(led, None)  # type: ignore[arg-type]
+            if led is None and not covered:
+                return
+            site = self.sites.here("reset")
+            if led is not None:
+                led.after_zero_grad(site)
+            for other, ks in covered.items():
+                other.after_module_zero_grad(ks, site, "optimizer_zero_grad")
         except Exception as e:  # noqa: BLE001
             self.fail(e)
 
@@ -284,14 +318,22 @@ class Tracker:
         if not self.on or not self.by_param:
             return
         try:
-            covered: dict[Ledger, list[int]] = {}
-            for p in module.parameters():
-                for led, k in self.by_param.get(p, ()):
-                    covered.setdefault(led, []).append(k)
+            covered = self._covered(module.parameters())
+            if not covered:
+                return
+            site = self.sites.here("reset")
             for led, ks in covered.items():
-                led.after_module_zero_grad(ks)
+                led.after_module_zero_grad(ks, site)
         except Exception as e:  # noqa: BLE001
             self.fail(e)
+
+    def _covered(self, params: Iterable[torch.Tensor]) -> dict[Ledger, list[int]]:
+        """The ledgers holding some of ``params``, with their indices."""
+        covered: dict[Ledger, list[int]] = {}
+        for p in params:
+            for led, k in self.by_param.get(p, ()):
+                covered.setdefault(led, []).append(k)
+        return covered
 
     def scaler_before(self, opt: Any) -> tuple[Ledger, int] | None:
         """Before ``GradScaler.step``: a token for :meth:`scaler_after` (None: not ours)."""

@@ -21,18 +21,15 @@ from gradwatch.frames import OptimizerView, RunSummary
 from gradwatch.server.rows import Row, row_from_step
 from gradwatch.verdict import has_finding_facts
 from gradwatch.wire import (
-    End,
+    AnyRecord,
     Finding,
-    Header,
     IngestBatch,
-    OptimizerInfo,
-    Stats,
     Step,
     parse_record,
 )
 
-RecordModel = Header | OptimizerInfo | Step | Stats | End
-RecordKind = Literal["header", "optimizer", "step", "stats", "end"]
+RecordModel = AnyRecord
+RecordKind = Literal["header", "optimizer", "site", "step", "stats", "end"]
 
 
 class Entry:

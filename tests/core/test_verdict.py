@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gradwatch.verdict import Verdict, verdict_of
-from gradwatch.wire import Reset
+from gradwatch.wire import Reset, Site, StepSites
 from tests.core.logs import clean_log, header, missed_reset_log, no_step_log, optimizer, step
 
 
@@ -93,3 +93,49 @@ def test_nothing_judged_says_why() -> None:
     assert j.nothing_judged() == ("the run failed before its first optimizer step (rank 1) "
                                   "(exit code 1)")
 
+def _site(seq: int, sid: int, line: int, function: str = "train") -> Site:
+    return Site(seq=seq, t=1.0, id=sid, file="/work/train.py", line=line, function=function)
+
+
+def test_findings_name_their_lines_from_the_site_records() -> None:
+    """Each kind resolves the site ids of its steps into ``where``, the line to change
+    first: late_reset the reset, then backward and step; missed_reset the step, then the
+    backwards; discarded_accumulation the reset; cross_optimizer_leak backward, then step."""
+    recs: list[Any] = [
+        optimizer("D"), optimizer("G", seq=2),
+        _site(3, 1, 11), _site(4, 2, 12), _site(5, 3, 13), _site(6, 4, 20, "gan"),
+        step(7, 0, opt="D", leaked=1, leaked_params=[1],
+             sites=StepSites(step=3, leaked=[4])),
+        step(8, 0, opt="G", late_params=[0], fresh=0,
+             resets=[Reset(how="optimizer_zero_grad", params=[0, 1], after_backward=True,
+                           site=2)],
+             sites=StepSites(step=3, lost=[1])),
+        step(9, 1, opt="G", discarded=3, discarded_params=[0],
+             resets=[Reset(how="optimizer_zero_grad", discarded=3, site=2),
+                     Reset(how="module_zero_grad", site=99)],
+             sites=StepSites(lost=[1])),
+        step(10, 2, opt="G", stale=2, stale_params=[0], sites=StepSites(step=3, stale=[1])),
+        step(11, 3, opt="G", stale=2, stale_params=[0], sites=StepSites(step=3, stale=[1])),
+    ]
+    found = {f.kind: [(w.role, w.line, w.function) for w in f.where]
+             for f in verdict_of(recs).findings()}
+    assert found == {
+        "cross_optimizer_leak": [("backward", 20, "gan"), ("step", 13, "train")],
+        "late_reset": [("reset", 12, "train"), ("backward", 11, "train"),
+                       ("step", 13, "train")],
+        "discarded_accumulation": [("reset", 12, "train")],
+        "missed_reset": [("step", 13, "train"), ("backward", 11, "train")],  # once each
+    }
+
+
+def test_where_is_per_rank_and_empty_without_sites() -> None:
+    j = Verdict()
+    j.feed(optimizer(), 0)
+    j.feed(optimizer(), 1)
+    j.feed(_site(2, 1, 40), 1)  # rank 1's site 1: not rank 0's
+    j.feed(step(3, 1, stale=1, stale_params=[0], sites=StepSites(step=1)), 0)
+    j.feed(step(3, 1, stale=1, stale_params=[0], sites=StepSites(step=1)), 1)
+    j.feed(step(4, 2, stale=1, stale_params=[0]), 1)  # a log from before sites
+    by_rank = {f.rank: f.where for f in j.findings()}
+    assert by_rank[0] == []
+    assert [(w.role, w.line) for w in by_rank[1]] == [("step", 40)]

@@ -10,9 +10,12 @@ from pydantic import ValidationError
 
 from gradwatch.wire import (
     FINDING_KINDS,
+    Finding,
     IngestBatch,
     Reset,
+    Site,
     Step,
+    StepSites,
     dump_record,
     json_schema,
     parse_record,
@@ -73,3 +76,20 @@ def test_schema_names_every_finding_kind() -> None:
     schema = json.dumps(json_schema())
     for kind in FINDING_KINDS:
         assert kind in schema
+
+
+def test_sites_round_trip_and_logs_from_before_them_still_read() -> None:
+    site = Site(seq=3, t=1.0, id=1, file="/work/train.py", line=12, function="train")
+    assert parse_record(dump_record(site)) == site
+    s = step(4, 2, stale=1, stale_params=[0], sites=StepSites(step=1, stale=[2]),
+             resets=[Reset(how="optimizer_zero_grad", site=1)])
+    assert parse_record(dump_record(s)) == s
+    old = json.loads(dump_record(step(5, 3, resets=[Reset(how="zero_")])))
+    del old["sites"], old["resets"][0]["site"]  # a line written before sites existed
+    back = parse_record(json.dumps(old))
+    assert back.sites is None and back.resets[0].site is None
+    with pytest.raises(ValidationError):
+        parse_record(json.dumps({**json.loads(dump_record(site)), "id": 0}))
+    f = Finding(kind="late_reset", optimizer="SGD#0", first_step=0, last_step=0, steps=1,
+                params=[], message="", fix="")
+    assert f.where == [] and "where" in json.dumps(json_schema()["finding"])

@@ -63,10 +63,8 @@ def test_missed_reset_fresh_norm_and_drift(watched: Any) -> None:
     r = watched(opt, loop)
     steps = r.steps()
     assert steps[0].drift == pytest.approx(1.0)
-    # first stale step: no copy of the consumed gradient yet, so fresh is unknown
-    assert steps[1].fresh_norm is None and steps[1].drift is None
-    assert steps[1].norm == pytest.approx(_total(acc[1]), rel=1e-6)
-    for s, a, f in zip(steps[2:], acc[2:], fresh[2:], strict=True):
+    # from the first stale step on: measured around the backward of the armed optimizer
+    for s, a, f in zip(steps[1:], acc[1:], fresh[1:], strict=True):
         assert s.param_norms == pytest.approx(a, rel=1e-5)
         assert s.param_fresh_norms == pytest.approx(f, rel=1e-4)
         assert s.fresh_norm == pytest.approx(_total(f), rel=1e-4)

@@ -110,7 +110,7 @@ def test_error_in_the_backward_marker_is_contained(tmp_path: Path,
     m, opt = _opt()
     from gradwatch.probe.tracker import Tracker
 
-    monkeypatch.setattr(Tracker, "begin", lambda self: Tracker.fail(self, ValueError(
+    monkeypatch.setattr(Tracker, "begin", lambda self, *a: Tracker.fail(self, ValueError(
         "hook failure")))
     with gradwatch.watch(opt, log=tmp_path / "h.jsonl") as h:
         for i in range(3):

@@ -1,0 +1,106 @@
+"""Call sites: the line of the user's code behind a backward, a step or a reset call, found
+once per line and named by a small id (a ``Site`` record, sent once).
+
+Thread: training (the backward wrapper, the step hooks and the zero_grad wrappers, through
+the tracker).
+
+A site is the innermost frame outside torch, gradwatch and the frameworks that call torch on
+the user's behalf (Lightning, Transformers, Accelerate). A framework's own helper for the
+same call (``accelerator.backward(loss)``, ``self.manual_backward(loss)``, a wrapped
+optimizer's ``step`` or ``zero_grad``) counts as the user's call: the line that called the
+helper is named. Where the framework drives the loop (``trainer.fit(model)`` runs backward
+and step itself), the framework's frame that made the call is named instead.
+"""
+
+# Cost: each code object is classified once (by its module's name); the usual call walks the
+# two or three frames of torch and gradwatch above the user's line and finds its site by
+# (code, instruction offset) in a dict: no traceback is formatted, no file is read.
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from types import CodeType, FrameType
+
+from gradwatch.probe.nocompile import skip_tracing
+from gradwatch.wire import Site
+
+_USER, _SKIP, _FRAMEWORK = 0, 1, 2
+_SKIPPED = frozenset({"torch", "gradwatch", "functorch"})
+FRAMEWORKS = frozenset({"lightning", "pytorch_lightning", "lightning_fabric", "transformers",
+                        "accelerate"})
+"""Top-level packages that call backward, step and zero_grad on the user's behalf."""
+_VERB = {"backward": "backward", "step": "step", "reset": "zero_grad"}
+"""Per role: what a framework helper's name holds when it makes that call for the user."""
+_MAX_FRAMES = 96
+"""Frames walked at most (a framework-driven loop is a few dozen deep)."""
+
+
+def _kind(frame: FrameType) -> int:
+    name = frame.f_globals.get("__name__")
+    top = name.partition(".")[0] if isinstance(name, str) else ""
+    if top in _SKIPPED:
+        return _SKIP
+    return _FRAMEWORK if top in FRAMEWORKS else _USER
+
+
+class Sites:
+    """The call sites of one watch session: ids from 1, each sent to ``emit`` once."""
+
+    __slots__ = ("_emit", "_kinds", "_by_key", "_by_line")
+
+    def __init__(self, emit: Callable[[Site], None]) -> None:
+        self._emit = emit
+        self._kinds: dict[int, tuple[CodeType, int]] = {}
+        """``id(code) -> (code, kind)``; the code is kept so that its id stays its own."""
+        self._by_key: dict[tuple[int, int], int] = {}
+        """``(id(code), f_lasti) -> site id``."""
+        self._by_line: dict[tuple[str, int, str], int] = {}
+
+    def here(self, role: str, depth: int = 1) -> int:
+        """The site of the ``role`` call (``backward``, ``step`` or ``reset``) being made
+        now, ``depth`` frames above the caller of this method; 0 when no frame can be named.
+        """
+        f: FrameType | None = sys._getframe(depth + 1)
+        kinds = self._kinds
+        inner: FrameType | None = None  # the innermost framework frame
+        outer: FrameType | None = None  # the outermost framework frame so far
+        n = 0
+        while f is not None and n < _MAX_FRAMES:
+            code = f.f_code
+            entry = kinds.get(id(code))
+            if entry is None:
+                entry = kinds[id(code)] = (code, _kind(f))
+            kind = entry[1]
+            if kind == _USER:
+                if outer is None or _VERB[role] in outer.f_code.co_name:
+                    return self._site(f)
+                return self._site(inner)  # type: ignore[arg-type]  # set with outer
+            if kind == _FRAMEWORK:
+                if inner is None:
+                    inner = f
+                outer = f
+            f = f.f_back
+            n += 1
+        return 0 if inner is None else self._site(inner)
+
+    skip_tracing(here, "gradwatch's call-site lookup (reads frames)")
+
+    def _site(self, f: FrameType) -> int:
+        code = f.f_code
+        key = (id(code), f.f_lasti)
+        sid = self._by_key.get(key)
+        if sid is not None:
+            return sid
+        if id(code) not in self._kinds:  # keep the code alive while its id is a key
+            self._kinds[id(code)] = (code, _kind(f))
+        line = (code.co_filename, f.f_lineno or code.co_firstlineno,
+                getattr(code, "co_qualname", code.co_name))
+        sid = self._by_line.get(line)
+        if sid is None:
+            sid = self._by_line[line] = len(self._by_line) + 1
+            self._emit(Site(seq=0, t=time.time(), id=sid, file=line[0][:4096], line=line[1],
+                            function=line[2][:400]))
+        self._by_key[key] = sid
+        return sid
