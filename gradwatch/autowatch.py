@@ -8,9 +8,8 @@ Thread: training (the test's or the notebook's thread, between its training step
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gradwatch.wire import Finding
 
@@ -88,41 +87,3 @@ class AutoWatch:
     def close(self, status: str = "finished") -> None:
         """Close the session: hooks removed, wrappers restored, step log ended."""
         self.handle.close(status=status)
-
-
-def finding_lines(f: Finding) -> list[str]:
-    """A finding as lines for people: kind and optimizer, the lines of code it involves
-    (where the probe recorded them), its message, the parameters and the fix."""
-    lines = [f"{f.kind} on {f.optimizer}, from step {f.first_step} "
-             f"({f.steps} step{'s' * (f.steps != 1)})"]
-    # ``where`` (role, file, line, function of each call involved) is newer than some logs.
-    for w in _where(f):
-        lines.append(f"  at {w}")
-    lines.append(f"  {f.message}")
-    params = ", ".join(f.params[:_MAX_PARAMS])
-    if len(f.params) > _MAX_PARAMS:
-        params += f", ... ({len(f.params)} in all)"
-    if params:
-        lines.append(f"  params: {params}")
-    lines.append(f"  fix: {f.fix}")
-    return lines
-
-
-def _where(f: Finding) -> list[str]:
-    out = []
-    entries: Sequence[Any] = getattr(f, "where", None) or ()
-    for w in entries:
-        get = w.get if isinstance(w, dict) else lambda k, w=w: getattr(w, k, None)
-        file, line = get("file"), get("line")
-        if file:
-            out.append(f"{_short(str(file))}:{line}  ({get('role')} in {get('function')})")
-    return out
-
-
-def _short(file: str) -> str:
-    """``file`` relative to the working directory when it lies under it."""
-    try:
-        rel = os.path.relpath(file)
-    except ValueError:  # another drive (Windows)
-        return file
-    return file if rel.startswith(os.pardir) else rel

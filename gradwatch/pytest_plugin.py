@@ -101,7 +101,7 @@ class _Watcher:
 
 
 def _report(session: AutoWatch, found: list[Any], when: str) -> str:
-    from gradwatch.autowatch import finding_lines
+    from gradwatch.report import finding_lines
 
     n = len(found)
     lines = [f"gradwatch: this test stepped on {n} gradient-reset bug{'s' * (n != 1)}"

@@ -1,4 +1,5 @@
-"""Findings as text for people: ``gradwatch check`` and the verdict ``gradwatch run`` prints.
+"""Findings as text for people: ``gradwatch check``, ``gradwatch run``'s verdict, the notebook
+magic and ``pytest --gradwatch`` all print them with :func:`finding_lines`.
 
 Each finding gets a heading line, the source lines it involves (``train.py:12``, primary
 line first, with the code on that line when the file is here to read), its parameters, its
@@ -39,10 +40,10 @@ def where_lines(f: Finding) -> list[str]:
 def finding_lines(f: Finding, streams: bool = False) -> list[str]:
     """A finding as lines: heading, ``at:`` lines, params, message, fix. ``streams``: name
     the rank (or worker) it is in (several streams judged together)."""
-    head = (f"{f.kind}  optimizer={f.optimizer}  first_step={f.first_step}  "
-            f"steps={f.steps}")
+    head = (f"{f.kind} on {f.optimizer}, from step {f.first_step} "
+            f"({f.steps} step{'s' * (f.steps != 1)})")
     if streams or f.worker is not None:
-        head += f"  ({stream_name((f.rank, f.worker))})"
+        head += f", {stream_name((f.rank, f.worker))}"
     lines = [head]
     for i, w in enumerate(where_lines(f)):
         lines.append(("  at: " if i == 0 else "      ") + w)

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("lightning")
 
 import torch  # noqa: E402
-from lightning.pytorch import Trainer  # noqa: E402
+from lightning.pytorch import Callback, Trainer  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger, Logger  # noqa: E402
 
 from gradwatch.lightning import GradwatchCallback  # noqa: E402
@@ -164,12 +164,25 @@ class _Recorder(Logger):
         self.logged.append((step, dict(metrics)))
 
 
+class _WriterCaughtUp(Callback):
+    """Stands for a real step's length: the writer thread has written every step by the
+    time the batch ends (a tiny CPU step is over before the writer's first round)."""
+
+    def __init__(self, cb: GradwatchCallback) -> None:
+        self.cb = cb
+
+    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        if self.cb.handle is not None:
+            assert self.cb.handle.writer.settle()
+
+
 def test_log_metrics_hands_the_latest_written_steps_figures_to_the_loggers(
         tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
     rec = _Recorder()
-    t = trainer(tmp_path, GradwatchCallback(log=log, log_metrics=True), logger=rec,
-                log_every_n_steps=1, max_epochs=3)
+    cb = GradwatchCallback(log=log, log_metrics=True)
+    t = trainer(tmp_path, cb, logger=rec, log_every_n_steps=1, max_epochs=3,
+                callbacks=[_WriterCaughtUp(cb), cb])
     t.fit(Gan(forget_d_zero_grad=True), noise_data(n=48, batch=8))
     ours = [(s, m) for s, m in rec.logged if any(k.startswith("gradwatch/") for k in m)]
     assert ours, rec.logged

@@ -113,23 +113,21 @@ def test_gradwatch_fails_the_test_that_forgot_zero_grad(pytester: pytest.Pyteste
 
 
 def test_a_finding_with_recorded_lines_names_them() -> None:
-    """Findings that carry ``where`` (the calls involved) are reported with their lines."""
-    from types import SimpleNamespace
+    """The plugin reports a finding as check does: heading, its lines, params, message, fix."""
+    from gradwatch.report import finding_lines
+    from gradwatch.wire import Finding, Where
 
-    from gradwatch.autowatch import finding_lines
-
-    f = SimpleNamespace(
-        kind="late_reset", optimizer="AdamW#0", first_step=0, steps=3, params=["w"],
-        message="AdamW#0 stepped with no fresh gradient.", fix="Move zero_grad() out.",
-        where=[SimpleNamespace(role="reset", file="/elsewhere/train.py", line=12,
-                               function="main"),
-               {"role": "step", "file": "/elsewhere/train.py", "line": 13,
-                "function": "main"}])
-    assert finding_lines(f) == [  # type: ignore[arg-type]
+    f = Finding(
+        kind="late_reset", optimizer="AdamW#0", first_step=0, last_step=2, steps=3,
+        params=["w"], message="AdamW#0 stepped with no fresh gradient.",
+        fix="Move zero_grad() out.",
+        where=[Where(role="reset", file="/elsewhere/train.py", line=12, function="main"),
+               Where(role="step", file="/elsewhere/train.py", line=13, function="main")])
+    assert finding_lines(f) == [
         "late_reset on AdamW#0, from step 0 (3 steps)",
-        "  at /elsewhere/train.py:12  (reset in main)",
-        "  at /elsewhere/train.py:13  (step in main)",
-        "  AdamW#0 stepped with no fresh gradient.",
+        "  at: /elsewhere/train.py:12  reset     in main",
+        "      /elsewhere/train.py:13  step      in main",
         "  params: w",
+        "  AdamW#0 stepped with no fresh gradient.",
         "  fix: Move zero_grad() out.",
     ]

@@ -110,7 +110,7 @@ def test_run_script_with_bug_default_log_and_check_json(script: Path, tmp_path: 
     assert r.returncode == 0, r.stderr
     log = tmp_path / "gradwatch-bugrun.jsonl"
     assert log.exists() and str(log.name) in r.stderr
-    assert "missed_reset  optimizer=opt  first_step=1  steps=4" in r.stderr
+    assert "missed_reset on opt, from step 1 (4 steps)" in r.stderr
     c = _run(["check", "--json", str(log)], tmp_path)
     assert c.returncode == 1
     out = json.loads(c.stdout)
@@ -215,7 +215,7 @@ def test_run_in_process_manual_sgd_and_gan(tmp_path: Path, monkeypatch: pytest.M
     gan.write_text(GAN)
     assert runner.main(["--log", "gan.jsonl", "--", str(gan)]) == 0
     err = capsys.readouterr().err
-    assert "cross_optimizer_leak  optimizer=od" in err
+    assert "cross_optimizer_leak on od, from step" in err
     log = read_log(tmp_path / "gan.jsonl")
     infos = [r for r in log.records if r.type == "optimizer"]
     assert [(i.opt, i.label) for i in infos] == [("Adam#0", "og"), ("Adam#1", "od")]
@@ -395,7 +395,7 @@ def test_worker_processes_the_script_starts_are_watched(tmp_path: Path, method: 
     assert sorted(p.name for p in tmp_path.glob("hog*.jsonl")) == [
         "hog.jsonl", "hog.worker1.jsonl", "hog.worker2.jsonl"]
     assert "10 optimizer steps in 3 processes, 1 finding" in r.stderr
-    assert "missed_reset  optimizer=opt  first_step=1  steps=4  (worker 2)" in r.stderr
+    assert "missed_reset on opt, from step 1 (4 steps), worker 2" in r.stderr
     logs = sorted(str(p) for p in tmp_path.glob("hog*.jsonl"))
     heads = [read_log(p).header for p in logs]
     assert len({h.run for h in heads}) == 1 and [h.worker for h in heads] == [None, 1, 2]
@@ -455,4 +455,4 @@ def test_compiled_training_step_under_run(tmp_path: Path) -> None:
     r = _run(["run", "--log", "c.jsonl", "--", str(prog)], tmp_path, timeout=240)
     assert r.returncode == 0, r.stderr
     assert "4 optimizer steps, 1 finding" in r.stderr
-    assert "missed_reset  optimizer=opt  first_step=1  steps=3" in r.stderr
+    assert "missed_reset on opt, from step 1 (3 steps)" in r.stderr
