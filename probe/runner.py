@@ -18,9 +18,13 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gradwatch.cliargs import CommandParser
 from gradwatch.wire import Finding
+
+if TYPE_CHECKING:
+    from gradwatch.probe.api import WatchHandle
 
 _USAGE = ("gradwatch run [--log PATH] [--server URL] [--name NAME] [--norms-every N] "
           "-- SCRIPT.py [ARGS...] | -- -m MODULE [ARGS...]")
@@ -129,6 +133,13 @@ def _verdict(findings: list[Finding], steps: int, path: Path | None, disabled: s
     return "\n".join(lines)
 
 
+def _print_unsent(handle: WatchHandle) -> None:
+    """The verdict's line on records the server never acknowledged (none: nothing)."""
+    report = handle.unsent_report()
+    if report:
+        print(report, file=sys.stderr)
+
+
 def main(argv: Sequence[str]) -> int:
     """Entry point of ``gradwatch run``; returns the exit code."""
     args, target = _parse(argv)
@@ -142,11 +153,12 @@ def main(argv: Sequence[str]) -> int:
     name = args.name or (target[1] if target[0] == "-m" else Path(target[0]).stem)
     handle = WatchHandle([], run_id=run, log=log, server=args.server, run_name=name,
                          norms_every=args.norms_every, auto=True,
-                         namer=names.from_live_modules)
+                         namer=names.from_live_modules, report_unsent=False)
     print(f"gradwatch: writing the step log to {handle.path}", file=sys.stderr)
     code = _run_target(target)
     status = "finished" if code == 0 else ("interrupted" if code == 130 else "failed")
     handle.close(status=status, exit_code=code)
     print(_verdict(handle.findings(), handle.tracker.steps, handle.path,
                    handle.tracker.disabled, handle.writer.dropped), file=sys.stderr)
+    _print_unsent(handle)
     return code
