@@ -67,6 +67,11 @@ def _parser() -> CommandParser:
     p.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive_timeout,
                    help="seconds an idle keep-alive HTTP connection stays open "
                         "(default %(default)g)")
+    p.add_argument("--ping-interval", type=float, default=d.ping_interval,
+                   help="seconds between websocket pings (default %(default)g)")
+    p.add_argument("--ping-timeout", type=float, default=d.ping_timeout,
+                   help="seconds a websocket may take to answer a ping before it is "
+                        "dropped (default %(default)g)")
     p.add_argument("--parse-processes", type=int, default=1,
                    help="worker processes validating ingest frames (0: a thread)")
     p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
@@ -91,7 +96,7 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     for name in ("max_msgs_per_sec", "ingest_idle_timeout", "send_timeout", "header_timeout",
-                 "keep_alive_timeout"):
+                 "keep_alive_timeout", "ping_interval", "ping_timeout"):
         if not getattr(a, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if not a.interrupted_after >= 0:
@@ -124,7 +129,8 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
                  max_ingest_connections=a.max_ingest_connections,
                  ingest_idle_timeout=a.ingest_idle_timeout, live_backlog=a.live_backlog,
                  header_timeout=a.header_timeout, max_header_bytes=a.max_header_bytes,
-                 keep_alive_timeout=a.keep_alive_timeout)
+                 keep_alive_timeout=a.keep_alive_timeout, ping_interval=a.ping_interval,
+                 ping_timeout=a.ping_timeout)
     return s, a
 
 

@@ -53,6 +53,9 @@ class Settings:
         header_timeout: seconds a client may take to send a request's headers.
         max_header_bytes: largest request head (request line and headers) accepted (431).
         keep_alive_timeout: seconds an idle keep-alive HTTP connection stays open.
+        ping_interval: seconds between the server's websocket pings.
+        ping_timeout: seconds a websocket may take to answer a ping before it is dropped
+            (a client that reads nothing never answers).
         parse_processes: worker processes validating ingest frames (0: one thread;
             ``gradwatch serve`` uses 1).
     """
@@ -78,4 +81,6 @@ class Settings:
     header_timeout: float = 10.0
     max_header_bytes: int = 64 << 10
     keep_alive_timeout: float = 5.0
+    ping_interval: float = 20.0
+    ping_timeout: float = 20.0
     parse_processes: int = 0

@@ -3,10 +3,11 @@
 uvicorn gives no deadline for a request's headers and (with httptools) no limit on their
 size, so a client that sends a request line and then trickles headers, or none, keeps a
 connection forever; :func:`http_protocol` adds both to uvicorn's HTTP protocol class. A
-websocket closed by the app while its peer reads nothing keeps its socket and unsent
-buffer forever (asyncio closes a transport only once its buffer drained);
-:func:`ws_protocol` aborts it instead. :class:`TokenMask` rewrites ``token=...`` in
-uvicorn's access and websocket log lines. Only :mod:`server.cli` imports this module.
+websocket closed by the app, or by an unanswered ping, while its peer reads nothing keeps
+its socket and unsent buffer forever (asyncio closes a transport only once its buffer
+drained) and the app never hears it went; :func:`ws_protocol` aborts it instead.
+:class:`TokenMask` rewrites ``token=...`` in uvicorn's access and websocket log lines.
+Only :mod:`server.cli` imports this module.
 """
 
 from __future__ import annotations
@@ -133,13 +134,19 @@ def ws_protocol() -> Any:
         return "auto"
 
     class AbortingWebSocketProtocol(WebSocketsSansIOProtocol):
-        """Aborts the socket if it has not closed a moment after the app finished."""
+        """Aborts the socket if it has not closed a moment after the app finished, or
+        after a ping went unanswered (then the app hears of it: a client that reads
+        nothing, with nothing more to send it, is dropped too)."""
 
         async def run_asgi(self) -> None:
             try:
                 await super().run_asgi()
             finally:
                 self.loop.call_later(ABORT_AFTER, self._abort_if_open)
+
+        def keepalive_timeout(self) -> None:
+            super().keepalive_timeout()
+            self.loop.call_later(ABORT_AFTER, self._abort_if_open)
 
         def _abort_if_open(self) -> None:
             if not self.disconnected:  # the peer never read our close: drop it, buffer too
@@ -156,6 +163,6 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "h11_max_incomplete_event_size": settings.max_header_bytes,
         "timeout_keep_alive": max(1, round(settings.keep_alive_timeout)),
         "ws_max_size": settings.max_frame_bytes * 4 + 4096,
-        "ws_ping_interval": 20.0,
-        "ws_ping_timeout": 60.0,
+        "ws_ping_interval": settings.ping_interval,
+        "ws_ping_timeout": settings.ping_timeout,
     }

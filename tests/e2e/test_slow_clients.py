@@ -72,3 +72,26 @@ def _runs_frame(url: str) -> bool:
             return bool(json.loads(ws.recv(timeout=10))["type"] == "runs")
     except ConnectionClosed:
         return False
+
+
+def test_clients_that_never_read_a_finished_run_give_their_slots_back(tmp_path: Path) -> None:
+    crowd = 5
+    with ServerProc(tmp_path / "data", None, "--max-live-clients", str(crowd),
+                    "--ping-interval", "1", "--ping-timeout", "1") as srv:
+        spool = tmp_path / "spool.jsonl"
+        with StepLogWriter(spool) as w:
+            for r in synth.records("done", steps=20):
+                w.write(r)
+        s = Streamer(srv.ws, spool, "done")
+        s.start()
+        s.close(timeout=30)
+        # Each takes its snapshot into its socket buffer and then never reads: nothing
+        # more is ever sent to it, so only an unanswered ping can tell.
+        stuck = [stuck_client(srv.port, "/ws/live?run=done") for _ in range(crowd)]
+        assert not _runs_frame(srv.ws + "/ws/live")  # every slot is taken
+        deadline = time.monotonic() + 15
+        while not _runs_frame(srv.ws + "/ws/live"):
+            assert time.monotonic() < deadline, "the silent clients still hold their slots"
+            time.sleep(0.5)
+        for sock in stuck:
+            sock.close()

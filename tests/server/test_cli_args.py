@@ -52,6 +52,7 @@ def test_every_limit_has_a_flag_whose_default_is_the_settings_default(
              "send_timeout": "--send-timeout", "header_timeout": "--header-timeout",
              "max_header_bytes": "--max-header-bytes",
              "keep_alive_timeout": "--keep-alive-timeout",
+             "ping_interval": "--ping-interval", "ping_timeout": "--ping-timeout",
              "interrupted_after": "--interrupted-after"}
     data = ["--data", str(tmp_path)]
     default, _ = settings_from_args(data)
