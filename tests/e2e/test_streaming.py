@@ -229,3 +229,42 @@ def test_a_flush_per_step_stays_under_the_rate_limit(tmp_path: Path) -> None:
         stats = s.stats()
         assert stats["reconnects"] == 0 and stats["disabled"] is None, stats
         assert srv.get("/api/runs/trickle")["steps"] == 3000
+
+
+def test_streams_sharing_an_address_share_its_rate_limit_and_slow_down(
+        tmp_path: Path) -> None:
+    import threading
+
+    import synth
+
+    from gradwatch.steplog import StepLogWriter
+    from gradwatch.stream import Streamer
+
+    runs = [f"shared{i}" for i in range(4)]
+    with ServerProc(tmp_path / "data", None, "--max-msgs-per-sec", "40") as srv:
+        streamers = {r: Streamer(srv.ws, tmp_path / f"{r}.jsonl", r) for r in runs}
+
+        def trickle(run: str) -> None:  # a flush per step, as a fast training loop makes
+            s = streamers[run]
+            with StepLogWriter(tmp_path / f"{run}.jsonl", flush_every=0) as w:
+                for rec in synth.records(run, steps=1500):
+                    w.write(rec)
+                    s.notify()
+                    time.sleep(0.0005)
+
+        for s in streamers.values():
+            s.start()
+        threads = [threading.Thread(target=trickle, args=(r,)) for r in runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in streamers.values():
+            s.close(timeout=60)
+        for r, s in streamers.items():
+            assert s.stats()["disabled"] is None, s.stats()
+            assert srv.get(f"/api/runs/{r}")["steps"] == 1500
+        # Four connections from one address could not take four budgets: the server
+        # closed some for the shared rate, and those streams sent fuller frames after.
+        assert "frames/s from this address" in srv.log.read_text()
+        assert any(s.min_interval > 0.01 for s in streamers.values())
