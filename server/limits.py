@@ -114,10 +114,6 @@ class IngestGate:
         else:
             self._open.pop(address, None)
 
-    def connections(self) -> int:
-        """Ingest connections open now."""
-        return sum(self._open.values())
-
     def _forget_idle(self) -> None:
         # A bucket that has refilled holds no state a new one would not: forget it.
         for addr, bucket in list(self._buckets.items()):
