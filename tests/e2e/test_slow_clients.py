@@ -54,10 +54,11 @@ def test_clients_that_never_read_do_not_freeze_the_server(tmp_path: Path) -> Non
             time.sleep(0.5)
         good.wait_for(stored + n, timeout=30)
         rtts = pinger.stop()
-        print(f"healthz round trips: max {max(rtts):.3f} s over {len(rtts)}")
         assert s.stats()["acked_seq"] == len(recs) - 1
         assert good.error is None, good.error
+        # The healthy dashboard kept up: every row, none merged away.
         assert sorted({st for _, _, st in good.rows}) == list(range(stored + n))
+        assert not good.decimated
         # The event loop kept answering: /healthz every 50 ms never took long.
         assert max(rtts) < 1.0, sorted(rtts)[-5:]
         assert "live client too slow" in srv.log.read_text()
