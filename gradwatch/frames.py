@@ -31,7 +31,7 @@ class Hello(_Frame):
     type: Literal["hello"] = "hello"
     v: int = wire.PROTOCOL_VERSION
     run: RunId
-    rank: int = Field(default=0, ge=0)
+    rank: wire.NonNegInt = 0
 
     @field_validator("v")
     @classmethod

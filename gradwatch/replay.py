@@ -1,9 +1,13 @@
-"""``gradwatch replay LOG``: send a saved step log into a server as a new run.
+"""``gradwatch replay LOG``: send a saved step log into a server as a new run, or the rest
+of it into its own run (``--resume``).
 
-The log is read with the strict reader (exit 2 on an invalid log), given a fresh run id,
-and re-timed so it shows as live: at its recorded pace times ``--speed``, or as fast as
-possible with ``--fast``. Records are written to a temporary spool and sent by the probe's
-:class:`~gradwatch.stream.Streamer` (resume on reconnect, nothing sent twice).
+The log is read with the strict reader (exit 2 on an invalid log). By default it is given a
+fresh run id and re-timed so it shows as live: at its recorded pace times ``--speed``, or as
+fast as possible with ``--fast``; records are written to a temporary spool. With
+``--resume`` the log itself is the spool, under its own run id and times: the server says
+which records it already holds (``hello`` → ``resume``) and gets the rest, which is how a
+run whose server went away is completed. Either way the probe's
+:class:`~gradwatch.stream.Streamer` sends (resume on reconnect, nothing stored twice).
 Exit codes: 0 sent, 1 the server did not take it all, 2 bad arguments or invalid log.
 """
 
@@ -29,9 +33,12 @@ def _parser() -> CommandParser:
     p.add_argument("log", help="a step log written by gradwatch")
     p.add_argument("--server", default="ws://127.0.0.1:8765", help="server URL")
     pace = p.add_mutually_exclusive_group()
-    pace.add_argument("--speed", type=float, default=1.0,
+    pace.add_argument("--speed", type=float, default=None,
                       help="replay at the recorded pace times X (default 1)")
     pace.add_argument("--fast", action="store_true", help="send as fast as possible")
+    pace.add_argument("--resume", action="store_true",
+                      help="send what the server lacks into the log's own run (same run "
+                           "id), e.g. after the server was unreachable at the end of a run")
     p.add_argument("--name", default=None, help="run name (default: '<name> (replay)')")
     p.add_argument("--token", default=None, help="server token (or GRADWATCH_TOKEN)")
     p.add_argument("--timeout", type=float, default=60.0,
@@ -71,8 +78,12 @@ def retimed(records: list[Any], t0: float, start: float, speed: float | None,
 def main(argv: Sequence[str]) -> int:
     """Entry point of ``gradwatch replay``."""
     a = _parser().parse_args(argv)
-    if a.speed <= 0:
+    if a.speed is not None and a.speed <= 0:
         print("gradwatch replay: --speed must be positive", file=sys.stderr)
+        return 2
+    if a.resume and a.name:
+        print("gradwatch replay: --resume keeps the run as it is; drop --name",
+              file=sys.stderr)
         return 2
     try:
         log = read_log(a.log)
@@ -86,12 +97,15 @@ def main(argv: Sequence[str]) -> int:
         return 2
     for w in log.warnings:
         print(f"gradwatch replay: warning: {w}", file=sys.stderr)
+    token = a.token or os.environ.get("GRADWATCH_TOKEN") or None
+    if a.resume:
+        return resume(Path(a.log), log.header.run, log.header.rank,
+                      [log.header, *log.records][-1].seq, a.server, token, a.timeout)
     run = new_run_id(log.header.run)
     name = a.name or f"{log.header.run_name or log.header.run} (replay)"
-    token = a.token or os.environ.get("GRADWATCH_TOKEN") or None
     start = time.time()
     plan = retimed([log.header, *log.records], log.header.t, start,
-                   None if a.fast else a.speed, run, name)
+                   None if a.fast else a.speed or 1.0, run, name)
     print(f"replaying {a.log} ({len(plan)} records) as run {run}\n"
           f"dashboard: {dashboard_url(a.server, run)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="gradwatch-replay-") as d:
@@ -121,4 +135,28 @@ def main(argv: Sequence[str]) -> int:
               file=sys.stderr)
         return 1
     print(f"sent {stats['sent']} records as run {run}")
+    return 0
+
+
+def resume(path: Path, run: str, rank: int, last_seq: int, server: str, token: str | None,
+           timeout: float) -> int:
+    """Send the records of the step log ``path`` the server lacks into run ``run``.
+
+    Returns the exit code: 0 once the server holds every record up to ``last_seq``.
+    """
+    print(f"resuming run {run} (rank {rank}) from {path}\n"
+          f"dashboard: {dashboard_url(server, run)}", flush=True)
+    streamer = Streamer(server, path, run, rank, token)
+    streamer.start()
+    streamer.notify()
+    streamer.close(timeout=timeout)  # returns once the log is stored, or at the timeout
+    stats = streamer.stats()
+    had = stats["server_had"]
+    if stats["disabled"] or stats["acked_seq"] < last_seq:
+        why = stats["disabled"] or "the server was unreachable or did not ack in time"
+        print(f"gradwatch replay: the server holds records up to seq {stats['acked_seq']} of "
+              f"{last_seq}: {why}", file=sys.stderr)
+        return 1
+    print(f"run {run}: the server had {had + 1 if had is not None else 0} records, "
+          f"sent {stats['sent']}; it now holds all {last_seq + 1}")
     return 0

@@ -153,7 +153,7 @@ def read_run(paths: Sequence[str | os.PathLike[str]]) -> list[StepLog]:
 
 
 class StepLogWriter:
-    """Appends records to a step log, one JSON line each.
+    """Appends records to a step log, one JSON line each; a new log is created 0600.
 
     Lines are written whole (so a reader never sees half of one unless the process dies
     mid-write) and flushed at most ``flush_every`` seconds apart and on :meth:`close`.
@@ -164,7 +164,10 @@ class StepLogWriter:
         self.path = Path(path)
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: IO[str] | None = self.path.open("a", encoding="utf-8", buffering=1 << 16)
+        # 0600: a step log holds host names, command lines and parameter names.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._fh: IO[str] | None = open(  # noqa: SIM115 - closed by close()
+            fd, "a", encoding="utf-8", buffering=1 << 16)
         self._flush_every = flush_every
         self._last_flush = time.monotonic()
 

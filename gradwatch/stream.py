@@ -33,7 +33,12 @@ log = logging.getLogger(__name__)
 WINDOW = 4
 """Batches in flight before waiting for an ack."""
 MIN_INTERVAL = 0.01
-"""Seconds between two frames that are not full."""
+"""Seconds between two frames that are not full (doubled, up to a second, each time the
+server closes the stream for its rate limit)."""
+KEEPALIVE = 60.0
+"""Seconds without a frame after which an idle stream sends a ``hello`` (the server closes
+ingest connections idle for longer than its ``--ingest-idle-timeout``)."""
+RATE_LIMITED = 1013
 FATAL_CLOSE = {1003: "unsupported data", 1007: "invalid record", 1008: "refused by policy"}
 
 
@@ -80,8 +85,10 @@ class Streamer:
         self._inflight: deque[tuple[int, int, int]] = deque()  # (last seq, end off, n)
         self._last_send = 0.0
         self._last_full = False
-        self._stats: dict[str, Any] = {"sent": 0, "dropped": 0, "connected": False, "reconnects": 0,
-                       "acked_seq": -1, "backlog_bytes": 0, "disabled": None}
+        self.min_interval = MIN_INTERVAL
+        self._stats: dict[str, Any] = {"sent": 0, "dropped": 0, "connected": False,
+                                       "reconnects": 0, "acked_seq": -1, "server_had": None,
+                                       "backlog_bytes": 0, "disabled": None}
 
     # -- API for the probe (any thread) -------------------------------------------------
     def start(self) -> None:
@@ -114,8 +121,9 @@ class Streamer:
 
     def stats(self) -> dict[str, Any]:
         """``sent`` (records the server stored), ``dropped``, ``connected``,
-        ``reconnects``, ``acked_seq``, ``backlog_bytes`` and ``disabled`` (why it
-        stopped, if it gave up)."""
+        ``reconnects``, ``acked_seq`` (every record up to it is stored), ``server_had``
+        (the server's last stored seq when the stream first connected; None before),
+        ``backlog_bytes`` and ``disabled`` (why it stopped, if it gave up)."""
         return dict(self._stats)
 
     # -- the thread ---------------------------------------------------------------------
@@ -155,14 +163,20 @@ class Streamer:
         """Ask where to resume (``hello`` → ``resume``) and position the spool reader."""
         ws.send(Hello(run=self.run, rank=self.rank).model_dump_json())
         resume = Resume.model_validate_json(ws.recv(timeout=self.ack_timeout))
-        if self._stats["reconnects"] == 0:
+        if self._stats["reconnects"] == 0 and not self._stats["connected"]:
             log.info("gradwatch streamer: connected to %s", self.url)
         self._stats["connected"] = True
+        if self._stats["server_had"] is None:
+            self._stats["server_had"] = resume.seq
         self._inflight.clear()
         self._skip_le = resume.seq
         # The server may know more than we saw acked (acks lost with the connection), or
         # less (a fresh data directory): then start over from the top of the spool.
-        self._read_off = self._acked_off if resume.seq >= self._acked_seq else 0
+        if resume.seq >= self._acked_seq:
+            self._read_off = self._acked_off
+        else:
+            self._read_off = self._acked_off = 0
+        self._acked_seq = self._stats["acked_seq"] = resume.seq
 
     def _lost(self, e: BaseException) -> None:
         code = getattr(getattr(e, "rcvd", None), "code", None)
@@ -176,6 +190,10 @@ class Streamer:
         elif code == 1009:
             self.max_bytes = max(4096, self.max_bytes // 2)
             self.max_records = max(1, self.max_records // 2)
+        elif code == RATE_LIMITED:  # fewer, fuller frames (other streams share the budget)
+            self.min_interval = min(1.0, self.min_interval * 2)
+            log.info("gradwatch streamer: the server's rate limit closed the stream (%s); "
+                     "sending at most every %.2f s", reason, self.min_interval)
         else:
             log.debug("gradwatch streamer: no connection to %s: %s", self.url, e)
         if was_connected:
@@ -186,7 +204,7 @@ class Streamer:
         while len(self._inflight) < WINDOW:
             # A trickle of lines (a flush per step) is sent at most every MIN_INTERVAL, so
             # a fast loop makes fewer, fuller frames and stays under the server's rate limit.
-            wait = self._last_send + MIN_INTERVAL - time.monotonic()
+            wait = self._last_send + self.min_interval - time.monotonic()
             if wait > 0 and not self._last_full:
                 if self._inflight:
                     break  # take an ack meanwhile
@@ -207,6 +225,9 @@ class Streamer:
             return False
         if self._stopping:
             return True  # everything in the spool is stored
+        if time.monotonic() - self._last_send >= KEEPALIVE:
+            self._handshake(ws)  # an idle stream says it is alive (and where it stands)
+            self._last_send = time.monotonic()
         self._wake.wait(0.5)
         self._wake.clear()
         return False

@@ -45,8 +45,18 @@ ResetHow = Literal[
     "replaced",  # p.grad = some other tensor
 ]
 
-NonNegInt = Annotated[int, Field(ge=0)]
-SiteId = Annotated[int, Field(ge=1)]
+INT64_MAX = 2**63 - 1
+"""The largest integer a record may carry: what SQLite and most JSON readers hold exactly."""
+NonNegInt = Annotated[int, Field(ge=0, le=INT64_MAX)]
+"""A count or index; a value past 64 bits is refused where it enters, never stored."""
+Int64 = Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
+STEP_MAX = 2**53 - 1
+"""The largest step number: the largest integer a JavaScript number (the dashboard) holds."""
+StepNumber = Annotated[int, Field(ge=0, le=STEP_MAX)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+"""A time or other quantity that must be a number: NaN and infinities are refused (unlike
+norms, where they are data)."""
+SiteId = Annotated[int, Field(ge=1, le=INT64_MAX)]
 """The id of a :class:`Site` record, unique within one (run, rank) stream."""
 RUN_ID_CHARS = "A-Za-z0-9_.-"
 """The characters of a run id, as a regular-expression class body."""
@@ -63,7 +73,7 @@ class _Model(BaseModel):
 class _Record(_Model):
     seq: NonNegInt
     """Per-(run, rank) sequence number; the header is 0."""
-    t: float
+    t: FiniteFloat
     """Wall-clock time (Unix seconds) when the probe made the record."""
 
 
@@ -76,10 +86,10 @@ class Header(_Record):
     """Run id shared by every rank of one training job."""
     run_name: str = Field(max_length=200)
     rank: NonNegInt = 0
-    world_size: Annotated[int, Field(ge=1)] = 1
+    world_size: Annotated[int, Field(ge=1, le=INT64_MAX)] = 1
     torch_version: str = Field(max_length=64)
     gradwatch_version: str = Field(max_length=64)
-    started: float
+    started: FiniteFloat
     host: str = Field(default="", max_length=255)
     pid: NonNegInt = 0
     argv: list[str] = Field(default_factory=list, max_length=256)
@@ -176,7 +186,7 @@ class Step(_Record):
 
     type: Literal["step"] = "step"
     opt: str = Field(min_length=1, max_length=200)
-    step: NonNegInt
+    step: StepNumber
     """Index of this step among the optimizer's steps (0-based; skipped steps count)."""
     skipped: bool = False
     """GradScaler found inf/NaN and skipped ``optimizer.step()``."""
@@ -245,7 +255,7 @@ class End(_Record):
 
     type: Literal["end"] = "end"
     status: Literal["finished", "failed", "interrupted"] = "finished"
-    exit_code: int | None = None
+    exit_code: Int64 | None = None
     steps: NonNegInt = 0
     dropped: NonNegInt = 0
 
@@ -287,8 +297,8 @@ class Finding(_Model):
 
     kind: FindingKind
     optimizer: str
-    first_step: NonNegInt
-    last_step: NonNegInt
+    first_step: StepNumber
+    last_step: StepNumber
     steps: NonNegInt
     """Number of steps affected."""
     params: list[str]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -132,13 +133,16 @@ class WatchHandle:
                  run_id: str | None = None, auto: bool = False,
                  namer: names.Namer | None = None,
                  labeler: Callable[[torch.optim.Optimizer], str | None] | None = None,
-                 worker: int | None = None, exact_log: bool = False) -> None:
+                 worker: int | None = None, exact_log: bool = False,
+                 report_unsent: bool = True) -> None:
         """``watch()``'s arguments, and for ``gradwatch run``: ``auto`` (attach to every
         optimizer), ``namer`` and ``labeler`` (parameter names and optimizer labels found
         in the script), ``worker`` (this is a worker process the script started: its
-        number, for the header) and ``exact_log`` (``log`` is already this process's path:
-        no ``.rank<R>`` is added)."""
+        number, for the header), ``exact_log`` (``log`` is already this process's path:
+        no ``.rank<R>`` is added) and ``report_unsent`` (log, at close, the records the
+        server never acknowledged; ``gradwatch run`` prints them in its verdict instead)."""
         self.run_id = runinfo.run_id(run_id)
+        self._report_unsent = report_unsent
         self.rank, self.world_size = runinfo.rank_world()
         self.server = server
         path: Path | None = None
@@ -193,6 +197,27 @@ class WatchHandle:
         """Why the probe turned itself off, or None while it runs."""
         return self.tracker.disabled
 
+    @property
+    def unsent(self) -> int:
+        """Records the server has not acknowledged (0 without a server): after
+        :meth:`close`, those that never arrived. They are in the step log (:attr:`path`)."""
+        if self.streamer is None:
+            return 0
+        acked = int(self.streamer.stats().get("acked_seq", -1))
+        return max(0, self.writer.written - 1 - acked)
+
+    def unsent_report(self) -> str | None:
+        """A sentence on the records the server never acknowledged: how many, where they
+        are and the command that sends them; None when every record arrived."""
+        n = self.unsent
+        if not n or self.streamer is None:
+            return None
+        why = self.streamer.stats()["disabled"]
+        return (f"gradwatch: the server at {self.server} did not acknowledge {n} record"
+                f"{'s' if n != 1 else ''} of run {self.run_id}"
+                f"{f' ({why})' if why else ''}; they are in {self.path}. Send them with: "
+                f"{resend_command(self.path, self.server)}")
+
     def close(self, status: str = "finished", exit_code: int | None = None) -> None:
         """Remove every hook and wrapper, write ``Stats`` and ``End``, flush. Idempotent."""
         if self._closed:
@@ -213,6 +238,13 @@ class WatchHandle:
                 self.streamer.close(timeout=5.0)
             except Exception:  # noqa: BLE001
                 log.warning("gradwatch: closing the streamer failed", exc_info=True)
+            try:
+                report = self.unsent_report()
+            except Exception:  # noqa: BLE001 - the report must not break close()
+                report = None
+                log.warning("gradwatch: could not tell what the server lacks", exc_info=True)
+            if report and self._report_unsent:
+                log.warning("%s", report)
 
     def _atexit(self) -> None:
         self.close(status="failed" if getattr(sys, "last_value", None) is not None
@@ -241,6 +273,12 @@ def _start_streamer(server: str, path: Path, run: str, rank: int) -> Streamer | 
         log.warning("gradwatch: cannot stream to %s (%s: %s); writing the step log %s only",
                     server, type(e).__name__, e, path)
         return None
+
+
+def resend_command(path: Path | None, server: str | None) -> str:
+    """The shell command that sends a step log's missing records into its own run."""
+    return (f"gradwatch replay {shlex.quote(str(path))} --resume --server "
+            f"{shlex.quote(server or 'ws://127.0.0.1:8765')}")
 
 
 def _streamer_dropped(streamer: Streamer | None) -> int:

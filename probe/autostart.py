@@ -186,7 +186,7 @@ class AutoSession:
         self.handle = WatchHandle([], run_id=p.run, log=path, server=p.server,
                                   run_name=p.run_name, norms_every=p.norms_every, auto=True,
                                   namer=names.from_frames, labeler=names.optimizer_label,
-                                  worker=p.worker, exact_log=True)
+                                  worker=p.worker, exact_log=True, report_unsent=False)
         self._announce(path)
         return self.handle
 

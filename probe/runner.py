@@ -30,10 +30,14 @@ import tempfile
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gradwatch.cliargs import CommandParser
 from gradwatch.probe import runreport
 from gradwatch.probe.runreport import Outcome
+
+if TYPE_CHECKING:
+    from gradwatch.probe.api import WatchHandle
 
 _USAGE = ("gradwatch run [--log PATH] [--server URL] [--name NAME] [--norms-every N] "
           "[--fail-on-findings] -- SCRIPT.py [ARGS...] | -- -m MODULE [ARGS...]")
@@ -170,6 +174,13 @@ def _print_script_traceback(e: BaseException) -> bool:
     return tb is not None
 
 
+def _print_unsent(handle: WatchHandle) -> None:
+    """The verdict's line on records the server never acknowledged (none: nothing)."""
+    report = handle.unsent_report()
+    if report:
+        print(report, file=sys.stderr)
+
+
 def main(argv: Sequence[str]) -> int:
     """Entry point of ``gradwatch run``; returns the exit code."""
     args, target = _parse(argv)
@@ -193,6 +204,8 @@ def main(argv: Sequence[str]) -> int:
     findings, steps, streams = runreport.judge(session)
     print(runreport.verdict(outcome, findings, steps, streams, session, launcher),
           file=sys.stderr)
+    if session.handle is not None:
+        _print_unsent(session.handle)
     if args.fail_on_findings and outcome.code == 0 and findings:
         return 1
     return outcome.code

@@ -11,7 +11,7 @@ import tempfile
 from email import message_from_bytes
 from email.policy import HTTP
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -21,9 +21,14 @@ from gradwatch.frames import ParamSeries, RunSummary, StepSeries, frame_json, js
 from gradwatch.server.errors import InvalidStream, Refused, RunLimitReached, StoreBusy
 from gradwatch.server.runs import Runs
 from gradwatch.steplog import StepLog, StepLogError, read_log
-from gradwatch.wire import Finding
+from gradwatch.wire import INT64_MAX, Finding
 
 router = APIRouter(prefix="/api")
+
+# Query numbers past 64 bits are refused here (422), never handed to SQLite.
+StepBound = Annotated[int | None, Query(ge=-INT64_MAX - 1, le=INT64_MAX)]
+RankQuery = Annotated[int | None, Query(ge=0, le=INT64_MAX)]
+Rank = Annotated[int, Query(ge=0, le=INT64_MAX)]
 
 STATUS: dict[type[Refused], int] = {InvalidStream: 400, RunLimitReached: 429, StoreBusy: 503}
 """The HTTP status that answers each refusal of the core (others: 400)."""
@@ -89,9 +94,9 @@ async def run(run_id: str, request: Request) -> dict[str, Any]:
 
 @router.get("/runs/{run_id}/steps", response_model=StepSeries,
             summary="Step rows, min/max-downsampled per (rank, opt)")
-async def steps(request: Request, run_id: str, start: int | None = None,
-                end: int | None = None, max_points: int = Query(4000, ge=10, le=100_000),
-                opt: str | None = None, rank: int | None = None) -> Response:
+async def steps(request: Request, run_id: str, start: StepBound = None,
+                end: StepBound = None, max_points: int = Query(4000, ge=10, le=100_000),
+                opt: str | None = None, rank: RankQuery = None) -> Response:
     """Step rows in [start, end], min/max-downsampled to ``max_points`` per (rank, opt)."""
     out = await asyncio.to_thread(_runs(request).reader.steps, run_id, start, end,
                                   max_points, opt, rank)
@@ -102,8 +107,8 @@ async def steps(request: Request, run_id: str, start: int | None = None,
 
 @router.get("/runs/{run_id}/params", response_model=ParamSeries,
             summary="Per-parameter norms of one optimizer")
-async def params(request: Request, run_id: str, opt: str, rank: int = 0,
-                 start: int | None = None, end: int | None = None,
+async def params(request: Request, run_id: str, opt: str, rank: Rank = 0,
+                 start: StepBound = None, end: StepBound = None,
                  max_points: int = Query(500, ge=1, le=100_000)) -> Response:
     """Per-parameter norms; per bucket, the step with the largest total norm."""
     out = await asyncio.to_thread(_runs(request).reader.params, run_id, opt, rank, start,
@@ -126,7 +131,7 @@ async def findings(run_id: str, request: Request) -> Response:
 @router.get("/runs/{run_id}/export", summary="The run as a step log (jsonl) or CSV",
             response_class=StreamingResponse)
 async def export(run_id: str, request: Request, format: Literal["jsonl", "csv"] = "jsonl",
-                 rank: int = 0) -> StreamingResponse:
+                 rank: Rank = 0) -> StreamingResponse:
     """The run as a step log (JSON Lines, one rank) or as CSV of step rows."""
     reader = _runs(request).reader
     if format == "jsonl":

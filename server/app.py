@@ -12,7 +12,7 @@ from gradwatch import __version__
 from gradwatch.server import api, web, ws
 from gradwatch.server.errors import Refused
 from gradwatch.server.runs import Runs
-from gradwatch.server.security import TokenMiddleware
+from gradwatch.server.security import Guard
 from gradwatch.server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -49,5 +49,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(Refused, api.refused)
     app.include_router(ws.router)
     web.mount(app)
-    app.add_middleware(TokenMiddleware, settings=settings)
+    app.add_middleware(Guard, settings=settings)
     return app

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gradwatch.cliargs import CommandParser
+from gradwatch.server.files import private_dir
 from gradwatch.server.settings import Settings, default_data_dir, is_loopback
 
 log = logging.getLogger("gradwatch.server")
@@ -34,18 +35,51 @@ def _parser() -> CommandParser:
                    help="store a saved step log as a run before serving (repeatable)")
     p.add_argument("--import-only", action="store_true",
                    help="import the --import logs and exit without serving")
-    p.add_argument("--max-frame-bytes", type=int, default=1 << 20)
-    p.add_argument("--max-msgs-per-sec", type=float, default=200.0)
-    p.add_argument("--max-runs", type=int, default=1000)
-    p.add_argument("--max-live-clients", type=int, default=200)
-    p.add_argument("--interrupted-after", type=float, default=10.0,
+    d = Settings()
+    p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes,
+                   help="largest ingest frame (default 1 MiB)")
+    p.add_argument("--max-msgs-per-sec", type=float, default=d.max_msgs_per_sec,
+                   help="ingest frames per second per client address, over all its "
+                        "connections (default %(default)g; bursts of twice that)")
+    p.add_argument("--max-ingest-connections", type=int, default=d.max_ingest_connections,
+                   help="open ingest connections (default %(default)s)")
+    p.add_argument("--ingest-idle-timeout", type=float, default=d.ingest_idle_timeout,
+                   help="seconds an ingest connection may send nothing before it is "
+                        "closed (default %(default)g; keep it above the probe's 60 s "
+                        "keepalive)")
+    p.add_argument("--max-runs", type=int, default=d.max_runs,
+                   help="runs the server holds (default %(default)s)")
+    p.add_argument("--max-live-clients", type=int, default=d.max_live_clients,
+                   help="open dashboard sockets (default %(default)s)")
+    p.add_argument("--live-backlog", type=int, default=d.live_backlog,
+                   help="step rows a dashboard socket may fall behind before it is "
+                        "dropped (default %(default)s)")
+    p.add_argument("--interrupted-after", type=float, default=d.interrupted_after,
                    help="seconds without a stream before a live run reads as interrupted")
-    p.add_argument("--send-timeout", type=float, default=10.0,
-                   help="seconds a live client's socket may stay blocked before it is dropped")
+    p.add_argument("--send-timeout", type=float, default=d.send_timeout,
+                   help="seconds a live client's socket may stay blocked before it is "
+                        "dropped (default %(default)g)")
+    p.add_argument("--header-timeout", type=float, default=d.header_timeout,
+                   help="seconds a client may take to send request headers "
+                        "(default %(default)g)")
+    p.add_argument("--max-header-bytes", type=int, default=d.max_header_bytes,
+                   help="largest request head (default 64 KiB)")
+    p.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive_timeout,
+                   help="seconds an idle keep-alive HTTP connection stays open "
+                        "(default %(default)g)")
+    p.add_argument("--ping-interval", type=float, default=d.ping_interval,
+                   help="seconds between websocket pings (default %(default)g)")
+    p.add_argument("--ping-timeout", type=float, default=d.ping_timeout,
+                   help="seconds a websocket may take to answer a ping before it is "
+                        "dropped (default %(default)g)")
     p.add_argument("--parse-processes", type=int, default=1,
                    help="worker processes validating ingest frames (0: a thread)")
     p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
-                   help="extra browser origin allowed on the websockets")
+                   help="extra browser origin allowed to open the sockets and send "
+                        "writes (repeatable)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="extra Host name accepted without a token, besides localhost and "
+                        "loopback addresses (repeatable; '*': any)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     return p
@@ -57,11 +91,16 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
     a = p.parse_args(argv)
     if not 0 < a.port < 65536:
         p.error(f"--port {a.port} is not a port number (1-65535)")
-    for name in ("max_frame_bytes", "max_runs", "max_live_clients"):
+    for name in ("max_frame_bytes", "max_runs", "max_live_clients", "max_ingest_connections",
+                 "live_backlog", "max_header_bytes"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
-    if a.max_msgs_per_sec <= 0:
-        p.error("--max-msgs-per-sec must be positive")
+    for name in ("max_msgs_per_sec", "ingest_idle_timeout", "send_timeout", "header_timeout",
+                 "keep_alive_timeout", "ping_interval", "ping_timeout"):
+        if not getattr(a, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    if not a.interrupted_after >= 0:
+        p.error("--interrupted-after must be 0 or more")
     token = a.token or os.environ.get("GRADWATCH_TOKEN") or None
     if not is_loopback(a.host) and not token:
         if not a.insecure_no_token:
@@ -70,9 +109,12 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
                     f"runs")
         log.warning("!!! serving on %s WITHOUT a token (--insecure-no-token): anyone who can "
                     "reach this port can read, write and delete runs !!!", a.host)
+    if "*" in a.allow_host and not token:
+        log.warning("--allow-host '*' without a token: any web page whose name resolves to "
+                    "this machine can read, write and delete runs (DNS rebinding)")
     data = a.data or default_data_dir()
     try:
-        data.mkdir(parents=True, exist_ok=True)
+        private_dir(data)
         probe = data / ".gradwatch-write-test"
         probe.write_text("ok")
         probe.unlink()
@@ -83,7 +125,12 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
                  max_runs=a.max_runs, max_live_clients=a.max_live_clients,
                  interrupted_after=a.interrupted_after, send_timeout=a.send_timeout,
                  parse_processes=max(0, a.parse_processes),
-                 allowed_origins=tuple(a.allow_origin))
+                 allowed_origins=tuple(a.allow_origin), allowed_hosts=tuple(a.allow_host),
+                 max_ingest_connections=a.max_ingest_connections,
+                 ingest_idle_timeout=a.ingest_idle_timeout, live_backlog=a.live_backlog,
+                 header_timeout=a.header_timeout, max_header_bytes=a.max_header_bytes,
+                 keep_alive_timeout=a.keep_alive_timeout, ping_interval=a.ping_interval,
+                 ping_timeout=a.ping_timeout)
     return s, a
 
 
@@ -128,15 +175,16 @@ def main(argv: Sequence[str]) -> int:
     import uvicorn
 
     from gradwatch.server.app import create_app
+    from gradwatch.server.transport import mask_tokens_in_logs, uvicorn_options
 
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     hint = "?token=<your token>" if settings.token else ""
     print(f"gradwatch: dashboard at http://{host}:{settings.port}/{hint}  "
           f"(data in {settings.data_dir})", flush=True)
+    mask_tokens_in_logs()
     try:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                    log_level=a.log_level, ws_max_size=settings.max_frame_bytes * 4 + 4096,
-                    ws_ping_interval=20.0, ws_ping_timeout=60.0)
+                    log_level=a.log_level, **uvicorn_options(settings))
     except OSError as e:
         print(f"gradwatch serve: cannot listen on {host}:{settings.port}: {e}",
               file=sys.stderr)

@@ -33,6 +33,18 @@ class TooManyFrames(Refused):
     """An ingest connection sending faster than the rate limit."""
 
 
+class IdleConnection(Refused):
+    """An ingest connection that sent nothing for longer than the idle timeout."""
+
+
+class SlowReader(Refused):
+    """A client that does not read what the server sends it (acks) within the deadline."""
+
+
+class TooManyConnections(Refused):
+    """An ingest connection beyond the limit of open ones."""
+
+
 class InvalidStream(Refused):
     """Records that break the stream rules: seq order, or a stream without its header."""
 

@@ -2,11 +2,12 @@
 
 Ingest publishes each stored batch once; the frame is serialised once (from the stored
 rows, not validated again) and the same text is queued for every client watching that run.
-A client whose queue fills up gets its queued step frames merged and downsampled by the
-rule of :mod:`server.downsampling` into one frame marked ``decimated`` (and only the latest
-run/findings frame kept); the route drops a client whose socket stays blocked. Run-list
-updates are rate-limited per run (trailing edge: the last state always arrives). Plain
-asyncio; no FastAPI.
+Past a full queue, a client's step rows are set aside and merged and downsampled by the
+rule of :mod:`server.downsampling` into one frame marked ``decimated`` when the client next
+reads (only the latest run/findings frame of each run kept); a client too far behind, or
+whose socket stays blocked (the route's send deadline), is dropped. Run-list updates are
+rate-limited per run (trailing edge: the last state always arrives). Plain asyncio; no
+FastAPI.
 """
 
 from __future__ import annotations
@@ -42,63 +43,103 @@ class Item:
     kind: Literal["steps", "findings", "optimizer", "run", "deleted"]
     text: str
     rows: list[Row] | None = None
+    key: str = ""
+    """Which run a ``run`` frame is about (a newer one of the same run replaces it)."""
 
 
 class Client:
-    """A live client's bounded queue. ``run`` is ``None`` for the run-list view."""
+    """A live client's bounded queue. ``run`` is ``None`` for the run-list view.
 
-    def __init__(self, run: str | None, max_items: int = 256, max_rows: int = 4000):
+    :meth:`offer` runs on the publisher's turn of the event loop for every client, so it
+    does O(1) work and never serialises or downsamples. Past ``max_items`` frames, step
+    rows are set aside (shared, not copied) and merged into one ``decimated`` frame by the
+    client's own :meth:`next`, off the event loop; a client more than ``max_backlog`` rows
+    behind is marked :attr:`too_slow` and its route drops it.
+    """
+
+    MERGE_INLINE = 5000
+    """Rows merged on the event loop; more are downsampled in a worker thread."""
+
+    def __init__(self, run: str | None, max_items: int = 256, max_rows: int = 4000,
+                 max_backlog: int = 100_000):
         self.run = run
         self.max_items = max_items
         self.max_rows = max_rows
+        self.max_backlog = max_backlog
         self.decimated = 0
+        self.too_slow: str | None = None
+        """Why the client is to be dropped (it fell too far behind), once it is."""
         self.skip_until: dict[tuple[int, str], int] | None = None
         """Per (rank, opt), the last step the snapshot already held."""
         self._items: deque[Item] = deque()
+        self._backlog: list[list[Row]] = []  # step rows past the queue, oldest first
+        self._backlog_rows = 0
+        self._other: list[Item] = []  # optimizer/deleted frames past the queue
+        self._latest: dict[tuple[str, str], Item] = {}  # run/findings past the queue
         self._event = asyncio.Event()
 
     def offer(self, item: Item) -> None:
-        """Queue a frame; never blocks, never grows past ``max_items``."""
-        if len(self._items) >= self.max_items:
-            self._collapse()
-        self._items.append(item)
+        """Queue a frame; never blocks, and O(1): a full queue sets rows aside."""
+        if self.too_slow is not None:
+            return
+        if len(self._items) < self.max_items and not self._backlog:
+            self._items.append(item)
+        elif item.rows is not None:
+            if not self._backlog:
+                self.decimated += 1
+            self._backlog.append(item.rows)
+            self._backlog_rows += len(item.rows)
+            if self._backlog_rows > self.max_backlog:
+                self._drop(f"too slow: more than {self.max_backlog} step rows behind")
+        elif item.kind in ("run", "findings"):
+            self._latest[(item.kind, item.key)] = item  # only the newest state matters
+        else:
+            self._other.append(item)
+            if len(self._other) > self.max_items:
+                self._drop("too slow: the queue overflowed")
         self._event.set()
 
-    def _collapse(self) -> None:
-        rows: list[Row] = []
-        keep: list[Item] = []
-        last: dict[str, Item] = {}
-        for it in self._items:
-            if it.rows is not None:
-                rows.extend(it.rows)
-            elif it.kind in ("run", "findings"):
-                last[it.kind] = it
-            else:
-                keep.append(it)
+    def _drop(self, why: str) -> None:
+        self.too_slow = why
         self._items.clear()
-        self._items.extend(keep)
-        if rows and self.run is not None:
-            small, bucket = downsample(rows, self.max_rows)
-            self._items.append(_steps_item(self.run, small, decimated=True, bucket=bucket,
-                                           total=len(rows)))
-        self._items.extend(last.values())
-        self.decimated += 1
-        while len(self._items) >= self.max_items:  # only if flooded with other frames
-            self._items.popleft()
+        self._backlog.clear()
+        self._other.clear()
+        self._latest.clear()
 
     def pending(self) -> int:
-        """Frames queued and not yet taken."""
-        return len(self._items)
+        """Frames :meth:`next` would return now (the set-aside rows count as one)."""
+        return (len(self._items) + len(self._other) + len(self._latest)
+                + (1 if self._backlog else 0))
 
     async def next(self) -> list[str]:
-        """Wait for frames, then take every queued one (texts, oldest first)."""
+        """Wait for frames, then take every queued one (texts, oldest first).
+
+        Returns an empty list once the client is :attr:`too_slow`.
+        """
         await self._event.wait()
         self._event.clear()
+        if self.too_slow is not None:
+            return []
         items = list(self._items)
         self._items.clear()
+        backlog, self._backlog, self._backlog_rows = self._backlog, [], 0
+        items += self._other
+        self._other = []
+        latest, self._latest = list(self._latest.values()), {}
         if self.skip_until is not None:
             items = self._skip_old(items)
-        return [it.text for it in items]
+        texts = [it.text for it in items]
+        if backlog and self.run is not None:
+            rows = [r for part in backlog for r in part]
+            if self.skip_until is not None:  # the snapshot is still newer than these
+                rows = [r for r in rows
+                        if r.step > self.skip_until.get((r.rank, r.opt), -1)]
+            if rows:
+                merge = _merged_text
+                text = (merge(self.run, rows, self.max_rows) if len(rows) <= self.MERGE_INLINE
+                        else await asyncio.to_thread(merge, self.run, rows, self.max_rows))
+                texts.append(text)
+        return texts + [it.text for it in latest]
 
     def _skip_old(self, items: list[Item]) -> list[Item]:
         """Drop step rows a snapshot already sent (a batch stored just before it)."""
@@ -117,6 +158,11 @@ class Client:
         return out
 
 
+def _merged_text(run: str, rows: list[Row], max_rows: int) -> str:
+    """One ``decimated`` steps frame of rows set aside for a slow client."""
+    small, bucket = downsample(rows, max_rows)
+    return _steps_item(run, small, decimated=True, bucket=bucket, total=len(rows)).text
+
 def _steps_item(run: str, rows: list[Row], decimated: bool, bucket: int = 1,
                 total: int | None = None) -> Item:
     rows = sorted(rows, key=lambda r: (r.rank, r.opt, r.step))
@@ -130,11 +176,12 @@ class Hub:
     """Who watches what, and the per-run rate limit on run summaries."""
 
     def __init__(self, summary_interval: float = 0.25, max_clients: int = 200,
-                 max_items: int = 256, max_rows: int = 4000):
+                 max_items: int = 256, max_rows: int = 4000, max_backlog: int = 100_000):
         self.summary_interval = summary_interval
         self.max_clients = max_clients
         self.max_items = max_items
         self.max_rows = max_rows
+        self.max_backlog = max_backlog
         self._clients: set[Client] = set()
         self._last_sent: dict[str, float] = {}
         self._pending: dict[str, RunSummary] = {}
@@ -143,7 +190,7 @@ class Hub:
         """A new client queue, or ``None`` when the client limit is reached."""
         if len(self._clients) >= self.max_clients:
             return None
-        c = Client(run, self.max_items, self.max_rows)
+        c = Client(run, self.max_items, self.max_rows, self.max_backlog)
         self._clients.add(c)
         return c
 
@@ -207,4 +254,5 @@ class Hub:
         if len(self._last_sent) > 10_000:  # forget the oldest runs' timestamps
             for k in list(self._last_sent)[:5000]:
                 del self._last_sent[k]
-        self._offer(summary.id, Item("run", RunFrame(run=summary).model_dump_json()), True)
+        self._offer(summary.id, Item("run", RunFrame(run=summary).model_dump_json(),
+                                     key=summary.id), True)

@@ -1,15 +1,28 @@
-"""Limits on one ingest connection: frame size and frame rate.
+"""Limits on ingest: frame size, frame rate per client address, open connections.
 
-Plain module (no FastAPI): the ingest route applies these to every frame it reads and
-turns what they raise into a close code.
+Plain module (no FastAPI): the ingest route applies these to every connection and frame
+and turns what they raise into a close code.
 """
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from gradwatch.server.errors import FrameTooBig, TooManyFrames
+from gradwatch.server.errors import FrameTooBig, TooManyConnections, TooManyFrames
+
+T = TypeVar("T")
+
+
+async def within(aw: Awaitable[T], timeout: float) -> T:
+    """``await aw``, or raise :class:`TimeoutError` (asyncio's) after ``timeout`` seconds."""
+    if sys.version_info >= (3, 11):  # a timer, not a task per call as wait_for makes
+        async with asyncio.timeout(timeout):
+            return await aw
+    return await asyncio.wait_for(aw, timeout)  # pragma: no cover - Python 3.10
 
 
 def check_size(text: str, max_bytes: int) -> None:
@@ -45,5 +58,64 @@ class RateLimiter:
         self._tokens = min(self.capacity, self._tokens + (now - self._last) * self.rate)
         self._last = now
         if self._tokens < 1:
-            raise TooManyFrames(f"rate limit: more than {self.rate:g} frames/s")
+            raise TooManyFrames(f"rate limit: more than {self.rate:g} frames/s from this "
+                                f"address")
         self._tokens -= 1
+
+    def full(self) -> bool:
+        """Whether the bucket has refilled (the client has been quiet long enough)."""
+        return self._tokens + (self._clock() - self._last) * self.rate >= self.capacity
+
+
+class IngestGate:
+    """Ingest connections: how many may be open, and one frame-rate budget per address.
+
+    The rate limit is per client address, shared by all its connections, so opening more
+    connections does not buy more frames.
+
+    Args:
+        max_connections: open ingest connections allowed at once.
+        rate: frames per second per client address (see :class:`RateLimiter`).
+    """
+
+    _FORGET_AFTER = 1024
+    """Addresses remembered before idle ones (no connection, bucket refilled) are forgotten."""
+
+    def __init__(self, max_connections: int, rate: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.max_connections = max_connections
+        self.rate = rate
+        self._clock = clock
+        self._open: dict[str, int] = {}
+        self._buckets: dict[str, RateLimiter] = {}
+
+    def open(self, address: str) -> RateLimiter:
+        """Admit a connection from ``address``; returns the address's shared rate limiter.
+
+        Raises:
+            TooManyConnections: ``max_connections`` are already open.
+        """
+        if sum(self._open.values()) >= self.max_connections:
+            raise TooManyConnections(f"too many ingest connections (the limit is "
+                                     f"{self.max_connections}); retry later")
+        self._open[address] = self._open.get(address, 0) + 1
+        bucket = self._buckets.get(address)
+        if bucket is None:
+            if len(self._buckets) >= self._FORGET_AFTER:
+                self._forget_idle()
+            bucket = self._buckets[address] = RateLimiter(self.rate, self._clock)
+        return bucket
+
+    def close(self, address: str) -> None:
+        """A connection admitted by :meth:`open` closed."""
+        n = self._open.get(address, 0) - 1
+        if n > 0:
+            self._open[address] = n
+        else:
+            self._open.pop(address, None)
+
+    def _forget_idle(self) -> None:
+        # A bucket that has refilled holds no state a new one would not: forget it.
+        for addr, bucket in list(self._buckets.items()):
+            if addr not in self._open and bucket.full():
+                del self._buckets[addr]

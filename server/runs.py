@@ -1,8 +1,9 @@
 """The runs the server holds: stored by the writer, read by the reader, published live.
 
-:class:`Runs` owns the storage writer, the reader, the live hub, the stream tracker and
-the frame parser (``create_app`` puts one on ``app.state.runs``), and does what touches
-several of them: store, then tell live clients. No FastAPI here: tests drive it directly.
+:class:`Runs` owns the storage writer, the reader, the live hub, the stream tracker, the
+ingest gate and the frame parser (``create_app`` puts one on ``app.state.runs``), and does
+what touches several of them: store, then tell live clients. No FastAPI here: tests drive
+it directly.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any, TypeVar
 
 from gradwatch.server.batch import IngestResult, RecordModel
 from gradwatch.server.fanout import Hub
+from gradwatch.server.files import private_dir
+from gradwatch.server.limits import IngestGate
 from gradwatch.server.parsing import FrameParser
 from gradwatch.server.reader import Reader
 from gradwatch.server.settings import Settings
@@ -34,11 +37,14 @@ class Runs:
 
     def __init__(self, settings: Settings):
         self.settings = settings
+        private_dir(settings.data_dir)
         self.store = Store(settings.data_dir, max_runs=settings.max_runs)
         self.reader = Reader(settings.data_dir)
         self.hub = Hub(summary_interval=settings.summary_interval,
-                       max_clients=settings.max_live_clients, max_items=settings.live_queue)
+                       max_clients=settings.max_live_clients, max_items=settings.live_queue,
+                       max_backlog=settings.live_backlog)
         self.streams = StreamTracker(settings.interrupted_after, self._lost)
+        self.gate = IngestGate(settings.max_ingest_connections, settings.max_msgs_per_sec)
         self.parser = FrameParser(settings.parse_processes)
         self._tasks: set[asyncio.Task[None]] = set()
 

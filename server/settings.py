@@ -31,17 +31,31 @@ class Settings:
         data_dir: directory of the SQLite database.
         token: when set, every route but ``/healthz`` and static files requires it.
         max_frame_bytes: largest websocket frame accepted on ingest (close 1009 above).
-        max_msgs_per_sec: sustained ingest frames per connection (close 1013 above);
-            bursts up to twice that are allowed.
+        max_msgs_per_sec: sustained ingest frames per client address, over all its
+            connections (close 1013 above); bursts up to twice that are allowed.
+        max_ingest_connections: concurrent ``/ws/ingest`` connections (close 1013 above).
+        ingest_idle_timeout: seconds an ingest connection may send nothing before it is
+            closed (1001); the probe's streamer sends a ``hello`` every minute when idle.
         max_runs: runs the server will hold (new ones refused beyond).
         max_live_clients: concurrent ``/ws/live`` clients.
+        live_backlog: step rows a live client may fall behind (past its queue) before it
+            is dropped (1013); the dashboard reconnects and starts from a fresh snapshot.
         max_import_bytes: largest step log accepted by ``POST /api/runs/import``.
         interrupted_after: seconds after an ingest connection drops without End before
             its run reads as interrupted.
         live_queue: frames queued per live client before its steps get decimated.
         send_timeout: seconds a live client's socket may stay blocked before it is dropped.
         summary_interval: least seconds between two run-list updates of one run.
-        allowed_origins: extra browser origins allowed on websockets (besides same-origin).
+        allowed_origins: extra browser origins allowed to open the websockets and to send
+            writes (besides the server's own).
+        allowed_hosts: extra ``Host`` names accepted without a token (besides localhost,
+            loopback addresses and a non-wildcard bind address); ``"*"``: any.
+        header_timeout: seconds a client may take to send a request's headers.
+        max_header_bytes: largest request head (request line and headers) accepted (431).
+        keep_alive_timeout: seconds an idle keep-alive HTTP connection stays open.
+        ping_interval: seconds between the server's websocket pings.
+        ping_timeout: seconds a websocket may take to answer a ping before it is dropped
+            (a client that reads nothing never answers).
         parse_processes: worker processes validating ingest frames (0: one thread;
             ``gradwatch serve`` uses 1).
     """
@@ -52,12 +66,21 @@ class Settings:
     token: str | None = None
     max_frame_bytes: int = 1 << 20
     max_msgs_per_sec: float = 200.0
+    max_ingest_connections: int = 256
+    ingest_idle_timeout: float = 300.0
     max_runs: int = 1000
     max_live_clients: int = 200
+    live_backlog: int = 100_000
     max_import_bytes: int = 512 << 20
     interrupted_after: float = 10.0
     live_queue: int = 256
     send_timeout: float = 10.0
     summary_interval: float = 0.25
     allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    header_timeout: float = 10.0
+    max_header_bytes: int = 64 << 10
+    keep_alive_timeout: float = 5.0
+    ping_interval: float = 20.0
+    ping_timeout: float = 20.0
     parse_processes: int = 0

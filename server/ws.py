@@ -1,8 +1,10 @@
 """Websocket routes: ``/ws/ingest`` (probes, replay) and ``/ws/live`` (dashboards).
 
-Thin: they check the handshake, then hand an ingest connection to
-:class:`server.ws_ingest.IngestSession` or pump a live client's queue
-(:mod:`server.fanout`). Close codes are :mod:`server.ws_close`'s (see API.md).
+Thin: :class:`server.security.Guard` has checked the handshake (Host, Origin, token); they
+admit an ingest connection (:class:`server.limits.IngestGate`) and hand it to
+:class:`server.ws_ingest.IngestSession`, or pump a live client's queue
+(:mod:`server.fanout`) with a deadline on every send. Close codes are
+:mod:`server.ws_close`'s (see API.md).
 """
 
 from __future__ import annotations
@@ -10,69 +12,66 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 
 from gradwatch.frames import RunsFrame, SnapshotFrame, frame_json
 from gradwatch.server import ws_close
+from gradwatch.server.errors import Refused
 from gradwatch.server.fanout import Client
+from gradwatch.server.limits import within
 from gradwatch.server.runs import Runs
-from gradwatch.server.security import origin_ok, token_ok
 from gradwatch.server.ws_ingest import IngestSession
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-async def _guard(ws: WebSocket) -> Runs | None:
-    """Refuse a handshake with a foreign Origin or without the token (→ HTTP 403)."""
-    runs: Runs = ws.app.state.runs
-    if not origin_ok(runs.settings, ws.headers):
-        log.warning("refused websocket %s from foreign origin %r", ws.url.path,
-                    ws.headers.get("origin"))
-        await ws.close(ws_close.POLICY, "origin not allowed")
-        return None
-    if not token_ok(runs.settings, ws.headers, ws.query_params):
-        await ws.close(ws_close.POLICY, "this server requires a token")
-        return None
-    return runs
-
-
 @router.websocket("/ws/ingest")
 async def ingest(ws: WebSocket) -> None:
-    """Receive IngestBatch frames; ack each stored batch (see API.md)."""
-    runs = await _guard(ws)
-    if runs is None:
-        return
+    """Receive IngestBatch frames; ack each stored batch (see API.md).
+
+    Host, Origin and token were checked by :class:`server.security.Guard`.
+    """
+    runs: Runs = ws.app.state.runs
+    address = ws.client.host if ws.client else "unknown"
     await ws.accept()
-    await IngestSession(ws, runs).run()
+    try:
+        limiter = runs.gate.open(address)
+    except Refused as e:
+        await ws.close(ws_close.close_code(e), ws_close.short(e.reason))
+        return
+    try:
+        await IngestSession(ws, runs, limiter).run()
+    finally:
+        runs.gate.close(address)
 
 
 @router.websocket("/ws/live")
 async def live(ws: WebSocket, run: str | None = None,
                max_points: int = Query(4000, ge=10, le=100_000)) -> None:
     """Run list (no ``run``) or one run's snapshot then live frames (see API.md)."""
-    runs = await _guard(ws)
-    if runs is None:
-        return
+    runs: Runs = ws.app.state.runs
     await ws.accept()
     client = runs.hub.subscribe(run)
     if client is None:
         await ws.close(ws_close.TRY_LATER, "too many live clients; retry later")
         return
+    timeout = runs.settings.send_timeout
     try:
         if run is None:
             every = await asyncio.to_thread(runs.reader.runs)
-            await ws.send_text(RunsFrame(runs=every).model_dump_json())
+            first = RunsFrame(runs=every).model_dump_json()
         else:
             snap = await asyncio.to_thread(_snapshot, runs, run, max_points)
             if snap is None:
                 await ws.close(ws_close.NO_RUN, ws_close.short(f"no run '{run}'"))
                 return
-            client.skip_until, text = snap
-            await ws.send_text(text)
-        await _pump(ws, client, runs.settings.send_timeout)
+            client.skip_until, first = snap
+        # The first frame has the same deadline as every other: a client that never
+        # reads must not hold a live slot.
+        if await _send(ws, first, timeout):
+            await _pump(ws, client, timeout)
     finally:
         runs.hub.unsubscribe(client)
 
@@ -92,12 +91,22 @@ def _snapshot(runs: Runs, run: str, max_points: int
                             steps=steps.columns(), findings=findings)
 
 
-async def _send(ws: WebSocket, text: str, timeout: float) -> None:
-    if sys.version_info >= (3, 11):  # a timer, not a task per frame as wait_for makes
-        async with asyncio.timeout(timeout):
-            await ws.send_text(text)
-    else:  # pragma: no cover - Python 3.10
-        await asyncio.wait_for(ws.send_text(text), timeout)
+async def _send(ws: WebSocket, text: str, timeout: float) -> bool:
+    """Send a frame within ``timeout`` seconds; else close the socket (1013), False."""
+    try:
+        await within(ws.send_text(text), timeout)
+        return True
+    except asyncio.TimeoutError:
+        log.warning("live client too slow (blocked %.0fs); dropping it", timeout)
+        await _close(ws, "too slow: dropped")
+        return False
+
+
+async def _close(ws: WebSocket, reason: str) -> None:
+    # A close frame waits behind the frames a stuck client never read: give up on it
+    # after a moment (the transport is aborted; see server.transport).
+    with contextlib.suppress(Exception):
+        await within(ws.close(ws_close.TRY_LATER, reason), 1.0)
 
 
 async def _pump(ws: WebSocket, client: Client, send_timeout: float) -> None:
@@ -111,14 +120,13 @@ async def _pump(ws: WebSocket, client: Client, send_timeout: float) -> None:
 
     async def send_frames() -> None:
         while True:
-            for text in await client.next():
-                try:
-                    await _send(ws, text, send_timeout)
-                except asyncio.TimeoutError:
-                    log.warning("live client too slow (blocked %.0fs); dropping it",
-                                send_timeout)
-                    with contextlib.suppress(Exception):
-                        await ws.close(ws_close.TRY_LATER, "too slow: dropped")
+            texts = await client.next()
+            if client.too_slow is not None:
+                log.warning("live client %s; dropping it", client.too_slow)
+                await _close(ws, ws_close.short(client.too_slow))
+                return
+            for text in texts:
+                if not await _send(ws, text, send_timeout):
                     return
 
     tasks = {asyncio.create_task(drain_incoming()), asyncio.create_task(send_frames())}

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 from gradwatch.server.errors import (
     FrameTooBig,
+    IdleConnection,
     InvalidFrame,
     InvalidStream,
     Refused,
     RunLimitReached,
+    SlowReader,
     StoreBusy,
+    TooManyConnections,
     TooManyFrames,
     UnreadableFrame,
 )
 
+GOING_AWAY = 1001
 UNSUPPORTED = 1003
 INVALID = 1007
 POLICY = 1008
@@ -25,12 +29,15 @@ TRY_LATER = 1013
 NO_RUN = 4404
 
 _CODES: dict[type[Refused], int] = {
+    IdleConnection: GOING_AWAY,
     UnreadableFrame: UNSUPPORTED,
     InvalidFrame: INVALID,
     InvalidStream: INVALID,
     RunLimitReached: POLICY,
     FrameTooBig: TOO_BIG,
     TooManyFrames: TRY_LATER,
+    TooManyConnections: TRY_LATER,
+    SlowReader: TRY_LATER,
     StoreBusy: TRY_LATER,
 }
 

@@ -16,8 +16,8 @@ from fastapi import WebSocket, WebSocketDisconnect
 
 from gradwatch.frames import Ack, Hello, Resume
 from gradwatch.server.batch import Batch, IngestResult
-from gradwatch.server.errors import Refused, UnreadableFrame
-from gradwatch.server.limits import RateLimiter, check_size
+from gradwatch.server.errors import IdleConnection, Refused, SlowReader, UnreadableFrame
+from gradwatch.server.limits import RateLimiter, check_size, within
 from gradwatch.server.runs import Runs
 from gradwatch.server.ws_close import close_code, short
 
@@ -42,9 +42,10 @@ class IngestSession:
     PIPELINE = 4
     """Frames validated and handed to the writer ahead of their acks."""
 
-    def __init__(self, ws: WebSocket, runs: Runs):
+    def __init__(self, ws: WebSocket, runs: Runs, limiter: RateLimiter):
+        """``limiter``: the frame-rate budget of the client's address (shared)."""
         self.ws, self.runs = ws, runs
-        self.limiter = RateLimiter(runs.settings.max_msgs_per_sec)
+        self.limiter = limiter
         self.pending: asyncio.Queue[_Resuming | _Storing | None] = asyncio.Queue(
             self.PIPELINE)
         self.sending_to: set[str] = set()
@@ -67,7 +68,7 @@ class IngestSession:
                 code = close_code(err)
                 log.info("ingest: closing connection: %s (%d)", err.reason, code)
                 with contextlib.suppress(Exception):
-                    await self.ws.close(code, short(err.reason))
+                    await within(self.ws.close(code, short(err.reason)), 1.0)
         finally:
             for run in self.sending_to:
                 self.runs.streams.disconnect(run)
@@ -77,7 +78,11 @@ class IngestSession:
         s, store = self.runs.settings, self.runs.store
         try:
             while True:
-                msg = await self.ws.receive()
+                try:
+                    msg = await within(self.ws.receive(), s.ingest_idle_timeout)
+                except asyncio.TimeoutError:
+                    raise IdleConnection(f"idle for {s.ingest_idle_timeout:g} s: closed; "
+                                         f"reconnect to send more") from None
                 if msg["type"] == "websocket.disconnect":
                     return None
                 text = msg.get("text")
@@ -119,8 +124,11 @@ class IngestSession:
                     text = Ack(run=res.run, rank=res.rank, seq=res.ack).model_dump_json()
             except Refused as e:
                 return e
+            timeout = self.runs.settings.send_timeout
             try:
-                await self.ws.send_text(text)
+                await within(self.ws.send_text(text), timeout)
+            except asyncio.TimeoutError:  # it must not hold an ingest slot by not reading
+                return SlowReader(f"acks not read for {timeout:g} s: closed")
             except (WebSocketDisconnect, RuntimeError):
                 return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,10 @@ def test_unreadable_logs_say_why(tmp_path: Path, content: str, expected: str) ->
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StepLogError, match="cannot open"):
         read_log(tmp_path / "nope.jsonl")
+
+
+def test_a_new_step_log_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    path = tmp_path / "private.jsonl"
+    with StepLogWriter(path) as w:
+        w.write(header())
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600

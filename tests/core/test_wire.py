@@ -10,6 +10,9 @@ from pydantic import ValidationError
 
 from gradwatch.wire import (
     FINDING_KINDS,
+    INT64_MAX,
+    STEP_MAX,
+    End,
     Finding,
     IngestBatch,
     Reset,
@@ -93,3 +96,38 @@ def test_sites_round_trip_and_logs_from_before_them_still_read() -> None:
     f = Finding(kind="late_reset", optimizer="SGD#0", first_step=0, last_step=0, steps=1,
                 params=[], message="", fix="")
     assert f.where == [] and "where" in json.dumps(json_schema()["finding"])
+
+
+HOSTILE = [  # (record type, field, value as JSON text, what the error says)
+    ("step", "t", '"NaN"', "finite number"),
+    ("step", "t", "NaN", "finite number"),
+    ("step", "t", "1e400", "finite number"),
+    ("header", "started", '"-Infinity"', "finite number"),
+    ("step", "seq", str(2**64), "less than or equal to 9223372036854775807"),
+    ("step", "backwards", str(2**70), "less than or equal to 9223372036854775807"),
+    ("step", "step", str(2**53), "less than or equal to 9007199254740991"),
+    ("end", "exit_code", str(-(2**70)), "greater than or equal to"),
+    ("header", "world_size", str(2**64), "less than or equal to"),
+]
+
+
+@pytest.mark.parametrize(("kind", "field", "value", "says"), HOSTILE)
+def test_values_past_64_bits_and_non_finite_times_are_refused_by_name(
+        kind: str, field: str, value: str, says: str) -> None:
+    rec = {"header": header(), "step": step(2, 0), "end": End(seq=3, t=2.0)}[kind]
+    line = dump_record(rec)
+    raw = json.loads(line)
+    raw[field] = "@@"
+    bad = json.dumps(raw).replace('"@@"', value)
+    with pytest.raises(ValidationError) as e:
+        parse_record(bad)
+    err = e.value.errors()[0]
+    assert err["loc"][-1] == field and says in err["msg"]
+
+
+def test_the_largest_allowed_values_still_read_and_norms_may_be_non_finite() -> None:
+    s = step(INT64_MAX, STEP_MAX, backwards=INT64_MAX, norm=float("-inf"))
+    back = parse_record(dump_record(s))
+    assert back.seq == INT64_MAX and back.step == STEP_MAX and back.norm == -math.inf
+    schema = json.dumps(json_schema())
+    assert str(STEP_MAX) in schema and str(INT64_MAX) in schema

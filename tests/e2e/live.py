@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import socket
 import threading
 import time
+import urllib.request
 from typing import Any
 
 from websockets.sync.client import connect
@@ -28,7 +32,7 @@ class LiveCollector(threading.Thread):
 
     def run(self) -> None:
         try:
-            with connect(self.url, open_timeout=5) as ws:
+            with connect(self.url, open_timeout=5, max_size=None) as ws:
                 snap = json.loads(ws.recv(timeout=10))
                 assert snap["type"] == "snapshot", snap
                 self._take(snap["steps"])
@@ -53,3 +57,44 @@ class LiveCollector(threading.Thread):
             time.sleep(0.05)
         self._halt.set()
         self.join(5)
+
+
+def stuck_client(port: int, path: str) -> socket.socket:
+    """A websocket client that completes the handshake and then never reads."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a window that fills fast
+    sock.connect(("127.0.0.1", port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                 f"Sec-WebSocket-Version: 13\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert b" 101 " in head.split(b"\r\n")[0], head
+    return sock
+
+
+class Pinger(threading.Thread):
+    """Asks ``/healthz`` every ``every`` seconds and keeps each round trip: the server's
+    event loop answers it, so a long round trip is a stalled loop."""
+
+    def __init__(self, http_base: str, every: float = 0.05):
+        super().__init__(daemon=True)
+        self.url = f"{http_base}/healthz"
+        self.every = every
+        self.rtts: list[float] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            t = time.perf_counter()
+            with urllib.request.urlopen(self.url, timeout=60) as r:
+                r.read()
+            self.rtts.append(time.perf_counter() - t)
+            self._halt.wait(self.every)
+
+    def stop(self) -> list[float]:
+        self._halt.set()
+        self.join(60)
+        return self.rtts

@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from apps import app_settings  # noqa: E402  (tests/server, via conftest)
 from fastapi.testclient import TestClient
 
 import gradwatch
-from gradwatch.server import Settings, create_app
+from gradwatch.server import create_app
 
 
 def test_unfrozen_parameters_reach_the_per_parameter_view(tmp_path: Path) -> None:
@@ -28,8 +29,9 @@ def test_unfrozen_parameters_reach_the_per_parameter_view(tmp_path: Path) -> Non
             opt.zero_grad()
             ((model(torch.randn(16, 4)) - torch.randn(16, 2)) ** 2).mean().backward()
             opt.step()
-    with TestClient(create_app(Settings(data_dir=tmp_path / "data"))) as client:
-        r = client.post("/api/runs/import", content=log.read_bytes())
+    with TestClient(create_app(app_settings(data_dir=tmp_path / "data"))) as client:
+        r = client.post("/api/runs/import", content=log.read_bytes(),
+                        headers={"content-type": "application/x-ndjson"})
         assert r.status_code == 201, r.text
         run = r.json()["run"]
         p = client.get(f"/api/runs/{run}/params", params={"opt": "SGD#0"}).json()

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import json
-import os
-import socket
 import statistics
 import time
 import urllib.error
@@ -14,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live import LiveCollector
+from live import LiveCollector, stuck_client
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -151,7 +148,7 @@ def test_token_and_origin_on_a_real_server(tmp_path: Path, monkeypatch: Any) -> 
         for path in ("/ws/ingest", "/ws/live"):
             with pytest.raises(InvalidStatus) as ws_e:
                 connect(srv.ws + path, open_timeout=5)
-            assert ws_e.value.response.status_code == 403
+            assert ws_e.value.response.status_code == 401
             with pytest.raises(InvalidStatus) as ws_e:
                 connect(srv.ws + path + "?token=t0ken", open_timeout=5,
                         origin="http://evil.example")  # type: ignore[arg-type]
@@ -169,22 +166,6 @@ def test_token_and_origin_on_a_real_server(tmp_path: Path, monkeypatch: Any) -> 
         with urllib.request.urlopen(req, timeout=5) as r:
             assert r.status == 200
 
-
-
-def stuck_client(port: int, path: str) -> socket.socket:
-    """A websocket client that completes the handshake and then never reads."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a window that fills fast
-    sock.connect(("127.0.0.1", port))
-    key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                 f"Sec-WebSocket-Version: 13\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += sock.recv(1)
-    assert b" 101 " in head.split(b"\r\n")[0], head
-    return sock
 
 
 def test_a_stuck_live_client_never_stalls_ingest_or_other_clients(tmp_path: Path) -> None:
@@ -248,3 +229,42 @@ def test_a_flush_per_step_stays_under_the_rate_limit(tmp_path: Path) -> None:
         stats = s.stats()
         assert stats["reconnects"] == 0 and stats["disabled"] is None, stats
         assert srv.get("/api/runs/trickle")["steps"] == 3000
+
+
+def test_streams_sharing_an_address_share_its_rate_limit_and_slow_down(
+        tmp_path: Path) -> None:
+    import threading
+
+    import synth
+
+    from gradwatch.steplog import StepLogWriter
+    from gradwatch.stream import Streamer
+
+    runs = [f"shared{i}" for i in range(4)]
+    with ServerProc(tmp_path / "data", None, "--max-msgs-per-sec", "40") as srv:
+        streamers = {r: Streamer(srv.ws, tmp_path / f"{r}.jsonl", r) for r in runs}
+
+        def trickle(run: str) -> None:  # a flush per step, as a fast training loop makes
+            s = streamers[run]
+            with StepLogWriter(tmp_path / f"{run}.jsonl", flush_every=0) as w:
+                for rec in synth.records(run, steps=1500):
+                    w.write(rec)
+                    s.notify()
+                    time.sleep(0.0005)
+
+        for s in streamers.values():
+            s.start()
+        threads = [threading.Thread(target=trickle, args=(r,)) for r in runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in streamers.values():
+            s.close(timeout=60)
+        for r, s in streamers.items():
+            assert s.stats()["disabled"] is None, s.stats()
+            assert srv.get(f"/api/runs/{r}")["steps"] == 1500
+        # Four connections from one address could not take four budgets: the server
+        # closed some for the shared rate, and those streams sent fuller frames after.
+        assert "frames/s from this address" in srv.log.read_text()
+        assert any(s.min_interval > 0.01 for s in streamers.values())

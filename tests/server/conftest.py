@@ -11,12 +11,14 @@ from fastapi.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from apps import app_settings  # noqa: E402
+
 from gradwatch.server import Settings, create_app  # noqa: E402
 
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", interrupted_after=0.2)
+    return app_settings(data_dir=tmp_path / "data", interrupted_after=0.2)
 
 
 @pytest.fixture

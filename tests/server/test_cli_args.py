@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import stat
 from pathlib import Path
 
 import pytest
 
 from gradwatch.server.cli import settings_from_args
-from gradwatch.server.settings import is_loopback
+from gradwatch.server.settings import Settings, is_loopback
 
 
 def test_non_loopback_needs_a_token_or_an_explicit_insecure_flag(
@@ -40,3 +41,43 @@ def test_defaults_are_local_and_limits_are_settable(tmp_path: Path,
             settings_from_args(bad)
     assert is_loopback("127.0.0.2") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")
+
+
+def test_every_limit_has_a_flag_whose_default_is_the_settings_default(
+        tmp_path: Path) -> None:
+    flags = {"max_frame_bytes": "--max-frame-bytes", "max_msgs_per_sec": "--max-msgs-per-sec",
+             "max_ingest_connections": "--max-ingest-connections",
+             "ingest_idle_timeout": "--ingest-idle-timeout", "max_runs": "--max-runs",
+             "max_live_clients": "--max-live-clients", "live_backlog": "--live-backlog",
+             "send_timeout": "--send-timeout", "header_timeout": "--header-timeout",
+             "max_header_bytes": "--max-header-bytes",
+             "keep_alive_timeout": "--keep-alive-timeout",
+             "ping_interval": "--ping-interval", "ping_timeout": "--ping-timeout",
+             "interrupted_after": "--interrupted-after"}
+    data = ["--data", str(tmp_path)]
+    default, _ = settings_from_args(data)
+    assert default.allowed_hosts == () and default.allowed_origins == ()
+    for field, flag in flags.items():
+        assert getattr(default, field) == getattr(Settings(), field), field
+        s, _ = settings_from_args([flag, "7", *data])
+        assert getattr(s, field) == 7, field
+        with pytest.raises(SystemExit):
+            settings_from_args([flag, "-1", *data])
+    s, _ = settings_from_args(["--allow-host", "gw.lan", "--allow-host", "box", *data])
+    assert s.allowed_hosts == ("gw.lan", "box")
+
+
+def test_the_data_directory_is_made_private(tmp_path: Path) -> None:
+    open_dir = tmp_path / "data"
+    open_dir.mkdir(mode=0o755)
+    old_db = open_dir / "gradwatch.db"
+    old_db.touch(mode=0o644)
+    open_dir.chmod(0o755)
+    old_db.chmod(0o644)
+    settings_from_args(["--data", str(open_dir)])
+    assert stat.S_IMODE(open_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(old_db.stat().st_mode) == 0o600
+    fresh = tmp_path / "new" / "data"
+    settings_from_args(["--data", str(fresh)])
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+    assert stat.S_IMODE((fresh / "gradwatch.db").stat().st_mode) == 0o600

@@ -20,7 +20,8 @@ assert gradwatch.replay.Streamer  # replay needs only the streamer
 from fastapi.testclient import TestClient
 from gradwatch.server import Settings, create_app
 out = {}
-with TestClient(create_app(Settings(data_dir=__import__("pathlib").Path(sys.argv[1])))) as c:
+with TestClient(create_app(Settings(data_dir=__import__("pathlib").Path(sys.argv[1]),
+                                    allowed_hosts=("testserver",)))) as c:
     assert c.get("/healthz").json()["status"] == "ok"
     assert c.get("/api/runs").json() == {"runs": []}
     for path in ("/", "/static/js/main.js", "/static/vendor/plotly.min.js"):

@@ -60,7 +60,10 @@ async def page(request: pytest.FixtureRequest) -> AsyncIterator[Page]:
 
     ARTIFACTS.mkdir(exist_ok=True)
     async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        marker = request.node.get_closest_marker("chromium_args")
+        extra = list(marker.args) if marker else []
+        browser = await pw.chromium.launch(executable_path=CHROMIUM,
+                                           args=CHROMIUM_ARGS + extra)
         context = await browser.new_context(viewport={"width": 1400, "height": 1000})
         raw = await context.new_page()
         wrapped = Page(raw)

@@ -186,10 +186,10 @@ def _log_rows(path: str) -> dict[str, list[tuple[int, float | None, float | None
     return out
 
 
-async def test_a_token_in_the_page_url_is_kept_for_every_request(
+async def test_a_token_in_the_page_url_becomes_a_cookie_and_leaves_the_url_and_logs(
         tmp_path: Path, page: Page) -> None:
     token = "s3cret-token"
-    srv = ServerProc(tmp_path / "data", None, "--token", token)
+    srv = ServerProc(tmp_path / "data", None, "--token", token, "--log-level", "info")
     srv.start()
     try:
         recs = [header("tok", "token run"), optimizer(), *steps(20)]
@@ -197,10 +197,18 @@ async def test_a_token_in_the_page_url_is_kept_for_every_request(
         await page.goto(f"{srv.http}/?token={token}&run=tok")
         await wait_for(lambda: _count_is(page, 20))
         await page.locator("#params-body tr").first.wait_for()
+        # REST calls and both websockets authenticated by the cookie alone.
         assert await page.locator("#conn").get_attribute("data-state") == "open"
-        # Links between views keep the token.
+        assert token not in page.url and page.url.endswith("/?run=tok")
         href = await page.locator("#runs a").first.get_attribute("href")
-        assert f"token={token}" in href
+        assert href == "/?run=tok"
+        [cookie] = await page.context.cookies()
+        assert cookie["value"] == token and cookie["httpOnly"]
+        assert cookie["sameSite"] == "Strict"
+        assert await page.evaluate("document.cookie") == ""  # no script can read it
+        log = srv.log.read_text()
+        assert "GET /?token=***&run=tok" in log and "/ws/ingest?token=***" in log
+        assert token not in log
     finally:
         srv.stop()
 

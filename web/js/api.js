@@ -1,33 +1,26 @@
 /**
  * REST access to the gradwatch server (see server/API.md).
  *
- * The access token comes from the page URL (`/?token=...`) and is kept for the life of the
- * page: REST calls send it as `Authorization: Bearer`, websockets as `?token=`.
+ * The page never holds the access token: opened once as `/?token=...`, the server answers
+ * with an HttpOnly, SameSite=Strict cookie and sends the browser on to the same URL without
+ * the token, so it stays out of the address bar, the history and logs. Same-origin fetches
+ * and websockets carry the cookie. Every request is marked `X-Gradwatch: 1`, which a page
+ * on another site cannot add (the server's rule for requests that change data).
  */
 
-const params = new URLSearchParams(window.location.search);
-const TOKEN = params.get("token") || "";
-
-/** The token the page was opened with ("" when none). */
-export function token() {
-  return TOKEN;
-}
-
-/** Absolute ws:// or wss:// URL of a server path, with the token added. */
+/** Absolute ws:// or wss:// URL of a server path. */
 export function wsUrl(path, query = {}) {
   const proto = window.location.protocol === "https:" ? "wss:" : "ws:";
   const url = new URL(path, `${proto}//${window.location.host}`);
   for (const [k, v] of Object.entries(query)) {
     if (v !== null && v !== undefined) url.searchParams.set(k, String(v));
   }
-  if (TOKEN) url.searchParams.set("token", TOKEN);
   return url.toString();
 }
 
-/** A page URL that keeps the token, for links between dashboard views. */
+/** A page URL, for links between dashboard views. */
 export function pageUrl(query = {}) {
   const url = new URL("/", window.location.origin);
-  if (TOKEN) url.searchParams.set("token", TOKEN);
   for (const [k, v] of Object.entries(query)) {
     if (v !== null && v !== undefined) url.searchParams.set(k, String(v));
   }
@@ -43,7 +36,7 @@ export class ApiError extends Error {
 }
 
 function headers() {
-  return TOKEN ? { Authorization: `Bearer ${TOKEN}` } : {};
+  return { "X-Gradwatch": "1" };
 }
 
 async function request(path, query = {}, init = {}) {
@@ -85,10 +78,7 @@ export function fetchRun(runId) {
   return getJson(`/api/runs/${encodeURIComponent(runId)}`);
 }
 
-/**
- * Download the run as CSV or JSON Lines. A plain link cannot carry the Authorization
- * header, so the file is fetched and handed to the browser as a blob.
- */
+/** Download the run as CSV or JSON Lines: fetched, then handed to the browser as a blob. */
 export async function downloadExport(runId, format) {
   const resp = await request(`/api/runs/${encodeURIComponent(runId)}/export`, { format });
   const blob = await resp.blob();

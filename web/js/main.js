@@ -1,6 +1,6 @@
 /**
  * Entry point of the dashboard: the run list, the connection indicator, and routing
- * between runs (`/?run=ID`, keeping `token=` when the page was opened with one).
+ * between runs (`/?run=ID`; the access token, if any, travels in the server's cookie).
  */
 
 import { pageUrl } from "./api.js";

@@ -15,7 +15,7 @@ const BACKOFF_MAX_MS = 8000;
 export class LiveSocket {
   /**
    * @param {string} path server path, e.g. "/ws/live"
-   * @param {object} query query parameters (the token is added by api.wsUrl)
+   * @param {object} query query parameters (the access cookie goes with the handshake)
    * @param {object} handlers `{ [type]: (frame) => void }`
    * @param {(state: {state: string, retryIn?: number, reason?: string}) => void} onState
    */
