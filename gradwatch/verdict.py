@@ -20,16 +20,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gradwatch.locations import located_fix
+from gradwatch.lifecycle import IDLE_FIX, UNTRAINED_FIX, Lifecycle
+from gradwatch.locations import at, located_fix
 from gradwatch.wire import (
     End,
     Finding,
     FindingKind,
     Header,
+    Holding,
     OptimizerInfo,
     Site,
     Stats,
     Step,
+    Unowned,
     Where,
 )
 
@@ -64,7 +67,28 @@ _FIX: dict[FindingKind, str] = {
         "Reset only after the step that closes the accumulation window: "
         "if (i + 1) % accum == 0: optimizer.step(); optimizer.zero_grad()."
     ),
+    "untrained_params": UNTRAINED_FIX,
+    "idle_optimizer": IDLE_FIX,
 }
+_MANUAL_FIX: dict[str, str] = {
+    "missed_reset": (
+        "Clear the gradients after each update by hand, before the next loss.backward(): "
+        "model.zero_grad() (or p.grad = None / p.grad.zero_() for every parameter you update)."
+    ),
+    "cross_optimizer_leak": (
+        "Clear these parameters' gradients (model.zero_grad()) before the backward they "
+        "should be updated on, or keep the other loss from reaching them (detach() the input)."
+    ),
+    "late_reset": (
+        "Update the parameters before clearing their gradients: loss.backward(), then the "
+        "update by hand, then model.zero_grad()."
+    ),
+    "discarded_accumulation": (
+        "Clear the gradients only after the update that closes the accumulation window: "
+        "if (i + 1) % accum == 0: update by hand; then model.zero_grad()."
+    ),
+}
+"""Fixes for the virtual optimizer ``manual`` (parameters updated by hand, no optimizer)."""
 
 
 def fact_counts(step: Step) -> tuple[int, int, int, int]:
@@ -175,6 +199,10 @@ class Verdict:
         self._dropped: dict[Stream, int] = {}
         self._header: Header | None = None
         self._max_drift: float | None = None
+        self._life = Lifecycle()
+        self._manual: set[tuple[Stream, str]] = set()
+        """The virtual optimizers (updates by hand) of each stream."""
+        self._manual_steps = 0
 
     def feed(self, record: Any, rank: int = 0, worker: int | None = None) -> list[Finding]:
         """Take one record of stream ``(rank, worker)``; return the findings it created or
@@ -189,6 +217,11 @@ class Verdict:
             self._params[(stream, record.opt)] = record.params
             if record.label:
                 self._labels[(stream, record.opt)] = record.label
+            self._life.optimizer(record, stream)
+            if record.manual:
+                self._manual.add((stream, record.opt))
+        elif isinstance(record, (Unowned, Holding)):
+            return self._life.feed(record, stream)
         elif isinstance(record, Site):
             self._sites[(stream, record.id)] = record
         elif isinstance(record, (Stats, End)):
@@ -202,6 +235,9 @@ class Verdict:
 
     def _feed_step(self, s: Step, stream: Stream) -> list[Finding]:
         self._skipped += s.skipped
+        self._life.step(stream, s.opt, s.step)
+        if self._manual and (stream, s.opt) in self._manual:
+            self._manual_steps += 1
         if s.drift is not None and s.drift == s.drift:  # NaN never compares equal
             self._max_drift = s.drift if self._max_drift is None else max(
                 self._max_drift, s.drift)
@@ -247,9 +283,18 @@ class Verdict:
             ((0, None), g.opt)) or []
         params = [names[i] if i < len(names) else unnamed_param(i) for i in g.params]
         opt = self._labels.get((g.stream, g.opt), g.opt)
+        manual = (g.stream, g.opt) in self._manual
         where = [Where(role=role, file=site.file, line=site.line,  # type: ignore[arg-type]
                        function=site.function)
-                 for role, sid in g.where if (site := self._sites.get((g.stream, sid)))]
+                 for role, sid in g.where if (site := self._sites.get((g.stream, sid)))
+                 and not (manual and role == "step")]  # seen at a boundary, not its line
+        if manual:
+            message = _explain(g.kind, f"{opt} (the updates by hand)", g.steps, g.first_step,
+                               g)
+            fix = _manual_fix(g.kind, where)
+        else:
+            message = _explain(g.kind, opt, g.steps, g.first_step, g)
+            fix = located_fix(g.kind, opt, where, g.reset_how) or _FIX[g.kind]
         return Finding(
             kind=g.kind,
             optimizer=opt,
@@ -257,8 +302,8 @@ class Verdict:
             last_step=g.last_step,
             steps=g.steps,
             params=params,
-            message=_explain(g.kind, opt, g.steps, g.first_step, g),
-            fix=located_fix(g.kind, opt, where, g.reset_how) or _FIX[g.kind],
+            message=message,
+            fix=fix,
             rank=rank,
             where=where,
             worker=worker,
@@ -267,6 +312,7 @@ class Verdict:
     def findings(self) -> list[Finding]:
         """All findings so far, ordered by first step."""
         out = [self._finding(g) for g in self._groups.values()]
+        out += self._life.findings()
         return sorted(out, key=lambda f: (f.first_step, f.rank, f.worker or 0, f.optimizer,
                                           f.kind))
 
@@ -297,6 +343,8 @@ class Verdict:
         by_kind: dict[str, int] = {}
         for g in self._groups.values():
             by_kind[g.kind] = by_kind.get(g.kind, 0) + 1
+        for f in self._life.findings():
+            by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
         statuses = {st.status for st in self._streams.values()}
         status = next((s for s in ("failed", "interrupted", "finished") if s in statuses),
                       None)
@@ -304,6 +352,7 @@ class Verdict:
             "run": self._header.run if self._header else None,
             "run_name": self._header.run_name if self._header else None,
             "steps": self.steps,
+            "manual_steps": self._manual_steps,
             "skipped_steps": self._skipped,
             "optimizers": sorted({self._labels.get(k, k[1]) for k in self._params}),
             "findings": sum(by_kind.values()),
@@ -317,6 +366,18 @@ class Verdict:
                         for (r, w), st in sorted(self._streams.items(),
                                                  key=lambda x: (x[0][0], x[0][1] or 0))],
         }
+
+
+def _manual_fix(kind: FindingKind, where: list[Where]) -> str:
+    """The fix of a finding on the virtual optimizer ``manual``, naming the backward line
+    where one is known (the update by hand itself has no call to name)."""
+    fix = _MANUAL_FIX[kind]
+    b = next((w for w in where if w.role == "backward"), None)
+    if kind == "missed_reset" and b is not None:
+        return (f"Clear the gradients after each update by hand, before loss.backward() at "
+                f"{at(b)}: model.zero_grad() (or p.grad = None / p.grad.zero_() for every "
+                f"parameter you update).")
+    return fix
 
 
 def stream_name(stream: Stream) -> str:

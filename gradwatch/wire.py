@@ -32,6 +32,8 @@ FindingKind = Literal[
     "cross_optimizer_leak",
     "late_reset",
     "discarded_accumulation",
+    "untrained_params",
+    "idle_optimizer",
 ]
 """Finding kinds, a contract: checks outside the project match on these exact names."""
 
@@ -127,6 +129,10 @@ class OptimizerInfo(_Record):
     label: str | None = Field(default=None, max_length=200)
     """What the user calls it, where the probe could see it (the variable holding it, as
     ``dec_opt``); findings show it instead of ``opt``, which stays the id in records."""
+    manual: bool = False
+    """A virtual optimizer (``opt`` is ``"manual"``): parameters no optimizer holds, updated
+    in place by hand (``p.data.add_(...)``, ``with torch.no_grad(): p -= lr * p.grad``). Each of
+    its steps is such an update, seen between two backward passes."""
 
 
 class Site(_Record):
@@ -237,6 +243,58 @@ class Step(_Record):
         return v
 
 
+class Unowned(_Record):
+    """Parameters (``nn.Parameter``) that receive gradients while no optimizer holds them and
+    that nothing updates (``untrained_params``).
+
+    The probe learns which tensors a backward reaches from the autograd graphs of some
+    backwards (the first few, then every Nth), and watches what those no optimizer holds do
+    between backwards: updated in place by hand they belong to the virtual optimizer
+    ``manual``; left as they are they are listed here. Sent when the list changes, when the
+    sampled backwards that reached them double, and at close; the last one sent holds (an
+    empty list withdraws the finding).
+    """
+
+    type: Literal["unowned"] = "unowned"
+    params: list[str] = Field(default_factory=list, max_length=1000)
+    """Names of the parameters (at most 1000 of them; ``count`` says how many in all)."""
+    shapes: list[list[NonNegInt]] = Field(default_factory=list, max_length=1000)
+    """Shape of each parameter named in ``params``."""
+    count: NonNegInt = 0
+    """How many such parameters."""
+    numel: NonNegInt = 0
+    """Their elements, all together: the gradient the backward computes for nothing."""
+    backwards: NonNegInt = 0
+    """Sampled backward passes that reached them."""
+    first_step: NonNegInt = 0
+    """Optimizer steps (of every optimizer, ``manual`` included) in the run when the first of
+    them was seen."""
+    step: NonNegInt = 0
+    """Optimizer steps in the run when this record was made."""
+
+
+class Holding(_Record):
+    """Which parameters of one optimizer have held a gradient at one of its steps
+    (``idle_optimizer``; a hint for ``untrained_params``).
+
+    Sent from the optimizer's second step on, only when something is missing (no gradient on
+    any parameter, or parameters that never had one), and again when that changes; the last
+    one sent holds.
+    """
+
+    type: Literal["holding"] = "holding"
+    opt: str = Field(min_length=1, max_length=200)
+    step: NonNegInt
+    """The optimizer's step this was checked at."""
+    requiring: NonNegInt = 0
+    """Parameters that require grad."""
+    held: bool = True
+    """Some parameter has held a gradient, or a backward reached one, by this step."""
+    never: list[NonNegInt] = Field(default_factory=list, max_length=100_000)
+    """Indices (into the optimizer's params) of parameters that require grad and held no
+    gradient at any step checked."""
+
+
 class Stats(_Record):
     """Probe health: records it had to drop and why. Sent periodically and at close."""
 
@@ -260,7 +318,7 @@ class End(_Record):
     dropped: NonNegInt = 0
 
 
-AnyRecord = Header | OptimizerInfo | Site | Step | Stats | End
+AnyRecord = Header | OptimizerInfo | Site | Step | Stats | End | Unowned | Holding
 """Any record model (the plain union, for type hints)."""
 Record = Annotated[AnyRecord, Field(discriminator="type")]
 """Any record of a step log or stream, told apart by its ``type`` (for validation)."""
