@@ -80,18 +80,26 @@ def validate_options(log_: Any, server: Any, run_name: Any, norms_every: Any) ->
 def _validate(optimizer_or_list: Any, model: Any, log_: Any, server: Any, run_name: Any,
               norms_every: Any, names_: Any) -> tuple[list[torch.optim.Optimizer],
                                                       list[str | None]]:
-    items = (list(optimizer_or_list) if isinstance(optimizer_or_list, (list, tuple))
-             else [optimizer_or_list])
-    if not items:
-        raise ValueError("gradwatch.watch() got an empty list: pass at least one optimizer, "
-                         "e.g. gradwatch.watch([g_opt, d_opt]).")
+    if optimizer_or_list is None:  # a loop that updates its parameters by hand
+        items = []
+    else:
+        items = (list(optimizer_or_list) if isinstance(optimizer_or_list, (list, tuple))
+                 else [optimizer_or_list])
+        if not items:
+            raise ValueError("gradwatch.watch() got an empty list: pass at least one "
+                             "optimizer, e.g. gradwatch.watch([g_opt, d_opt]), or none for "
+                             "a loop that updates its parameters by hand: "
+                             "gradwatch.watch(model=model).")
     opts: list[torch.optim.Optimizer] = []
     for x in items:
         o = unwrap(x)
         if o is None:
+            hint = (" For a loop that updates the module's parameters by hand, pass it as "
+                    "model=: gradwatch.watch(model=model)." if isinstance(x, torch.nn.Module)
+                    else "")
             raise TypeError(f"gradwatch.watch() needs torch.optim.Optimizer objects (or a "
                             f"list of them); got {type(x).__name__}. Pass the optimizer you "
-                            f"call .step() on, e.g. gradwatch.watch(optimizer).")
+                            f"call .step() on, e.g. gradwatch.watch(optimizer).{hint}")
         if any(o is p for p in opts):
             raise ValueError(f"gradwatch.watch() got the same {type(o).__name__} twice; "
                              f"pass each optimizer once.")
@@ -291,15 +299,21 @@ def _streamer_dropped(streamer: Streamer | None) -> int:
         return 0
 
 
-def watch(optimizer_or_list: Any, *, model: torch.nn.Module | None = None,
+def watch(optimizer_or_list: Any = None, *, model: torch.nn.Module | None = None,
           log: str | os.PathLike[str] | None = None, server: str | None = None,
           run_name: str | None = None, norms_every: int = 1,
           names: Sequence[str] | Mapping[Any, str] | None = None,
           run_id: str | None = None) -> WatchHandle:
     """Watch optimizers for gradient-reset bugs.
 
+    Every session also watches what no watched optimizer holds: parameters that receive
+    gradients and are never updated (``untrained_params``), and parameters updated in place
+    by hand, judged as the steps of a virtual optimizer named ``manual``.
+
     Args:
-        optimizer_or_list: an optimizer, a wrapper of one (Accelerate, Lightning), or a list.
+        optimizer_or_list: an optimizer, a wrapper of one (Accelerate, Lightning), or a list;
+            None (the default) for a loop with no optimizer, that updates its parameters by
+            hand.
         model: the module owning the parameters, for parameter names.
         log: path of the JSON Lines step log (``<stem>.rank<R><suffix>`` per rank when the
             world size is above 1).

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gradwatch.probe import reach
 from gradwatch.probe.nocompile import no_compile, skip_tracing
 
 if TYPE_CHECKING:
@@ -113,6 +114,8 @@ def _make_backward(orig: Any) -> Any:
         active = _active
         if not active or _graph_task_id() != -1:  # nested: part of the running backward
             return orig(*args, **kwargs)
+        if reach.due():  # a sampled backward: the leaves it writes grads to (issue 20)
+            reach.walk(active, args, kwargs)
         armed = None  # a list only when some tracker is armed (no list per backward)
         roots = _roots(args, kwargs)
         for t in active:
@@ -203,6 +206,7 @@ def register(tracker: Tracker, auto: bool = False) -> None:
     with _lock:
         if not _active:
             _install()
+        reach.restart()  # a new session samples its first backwards
         _active = (*_active, tracker)
         if auto:
             if not _auto:

@@ -17,6 +17,11 @@ A backward that calls the autograd engine without ``torch.autograd.backward`` (M
 ``custom_backward``), or through a reference to it taken before the watch started, gets no
 marker of its own: its contributions are counted, as part of the backward before it.
 
+What no watched optimizer holds (:mod:`gradwatch.probe.unowned`: updates by hand, untrained
+parameters) is looked at where a backward starts and ends, at ``Module.zero_grad`` and at
+close, only while there is something to look at; whether each optimizer's parameters ever
+hold a gradient (:mod:`gradwatch.probe.holding`), after its first steps.
+
 Any internal error is logged once and the tracker turns itself off; training goes on.
 """
 
@@ -28,16 +33,20 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 from torch.utils.hooks import RemovableHandle
 
 from gradwatch.probe.backwards import Backwards
 from gradwatch.probe.facts import JudgedStep, StepFacts
 from gradwatch.probe.handresets import ArmedBackward
+from gradwatch.probe.holding import Holdings
 from gradwatch.probe.ledger import Ledger
+from gradwatch.probe.manual import ManualUpdates
 from gradwatch.probe.names import Namer, positional
 from gradwatch.probe.nocompile import no_compile
 from gradwatch.probe.sites import Sites
-from gradwatch.wire import OptimizerInfo, Site
+from gradwatch.probe.unowned import Unowned
+from gradwatch.wire import OptimizerInfo
 
 log = logging.getLogger("gradwatch.probe")
 
@@ -47,10 +56,13 @@ _MAX_HITS = 1_000_000
 checked every :data:`_CHECK_EVERY` backwards."""
 _CHECK_EVERY = 1024
 
-Emit = Callable[[StepFacts | OptimizerInfo | Site], None]
+Emit = Callable[[StepFacts | BaseModel], None]
 """Where step facts and records go (the writer's ``put``): never blocks."""
 StepArgs = tuple[tuple[Any, ...], dict[str, Any]]
 """A step's ``(args, kwargs)``, as torch hands them to a step pre-hook."""
+_END_ONLY: list[tuple[Ledger, ArmedBackward | None]] = []
+"""What :meth:`Tracker.begin` returns when no ledger needs :meth:`Tracker.end` but the
+parameters no optimizer holds do (shared, never written)."""
 
 
 def _in_backward() -> bool:
@@ -64,7 +76,7 @@ class Tracker:
     __slots__ = ("on", "backwards", "ledgers", "marks", "by_param", "handles", "own_hooks",
                  "post_hooked", "unhooked", "emit", "norms_every", "namer", "auto",
                  "on_disable", "disabled", "steps", "_names_taken", "labeler", "labels",
-                 "sites", "shared")
+                 "sites", "shared", "unowned", "holdings")
 
     def __init__(self, emit: Emit, *, norms_every: int = 1, namer: Namer | None = None,
                  auto: bool = False, on_disable: Callable[[str], None] | None = None,
@@ -98,6 +110,9 @@ class Tracker:
         self.labeler = labeler
         """Finds what the user calls an optimizer given no name (its display label)."""
         self.labels: dict[Ledger, str] = {}
+        # issue 20 (lifecycle findings, loops with no optimizer): what no optimizer holds
+        self.unowned = Unowned(self)
+        self.holdings = Holdings(self.emit)
 
     # ---------------------------------------------------------------- attach
     def attach(self, opt: torch.optim.Optimizer, name: str | None = None,
@@ -125,6 +140,8 @@ class Tracker:
         self.ledgers[opt] = led
         self.marks.append(led.incoming.append)
         self._track(led, range(len(params)))
+        if not isinstance(opt, ManualUpdates):  # idle_optimizer: does it ever hold a grad?
+            self.holdings.watch(led)
         if instance_hooks:  # torch.compile must not trace into it
             self.own_hooks.add(led)
             self.handles.append(opt.register_step_pre_hook(no_compile(self.pre)))
@@ -143,9 +160,13 @@ class Tracker:
     def _announce(self, led: Ledger) -> None:
         """Emit the optimizer's parameters (names, shapes, groups) as they are now."""
         names = (self.namer or positional)(led.params, led.groups)
+        manual = False
+        if isinstance(led.opt, ManualUpdates):  # the virtual optimizer of updates by hand
+            manual, names = True, led.opt.named(led.params, names)
         self.emit(OptimizerInfo(seq=0, t=time.time(), opt=led.name, cls=type(led.opt).__name__,
                                 params=names, shapes=[list(p.shape) for p in led.params],
-                                groups=list(led.groups), label=self.labels.get(led)))
+                                groups=list(led.groups), label=self.labels.get(led),
+                                manual=manual))
 
     def opt_add_param_group(self, opt: torch.optim.Optimizer) -> None:
         """After ``Optimizer.add_param_group`` (progressive unfreezing): track the new
@@ -194,6 +215,9 @@ class Tracker:
         if not self.on:
             return None
         try:
+            unowned = self.unowned
+            if unowned.active:  # parameters updated by hand since the last backward: a step
+                unowned.boundary()
             b = self.backwards
             bw = b.begin(self.sites.here("backward"), roots)
             if b.phase_began:
@@ -207,7 +231,7 @@ class Tracker:
                 mark(marker)
             armed, lossy = b.armed, b.lossy
             if not armed and not lossy:
-                return None
+                return _END_ONLY if unowned.wants_end else None
             return [(led, led.backward_begins(bw)) for led in (armed | lossy)]
         except Exception as e:  # noqa: BLE001 - never raise into the training loop
             self.fail(e)
@@ -220,6 +244,8 @@ class Tracker:
         try:
             for led, seen in armed:
                 led.backward_ends(seen)
+            if self.unowned.wants_end:  # the gradients an update by hand will read
+                self.unowned.after_backward()
         except Exception as e:  # noqa: BLE001
             self.fail(e)
 
@@ -274,6 +300,17 @@ class Tracker:
             facts.sites.step = self.sites.here("step")
         self.emit(facts)
         self.steps += 1
+        if self.holdings.pending:  # idle_optimizer: checked at steps 0, 1, 2, 4, 8, ...
+            self.holdings.stepped(facts)
+
+    def reached(self, leaves: list[torch.Tensor]) -> None:
+        """A sampled backward (:mod:`gradwatch.probe.reach`) writes the grads of ``leaves``."""
+        if not self.on:
+            return
+        try:
+            self.unowned.reached(leaves)
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
 
     def _wrap_closure(self, led: Ledger, closure: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(*a: Any, **kw: Any) -> Any:
@@ -315,9 +352,13 @@ class Tracker:
 
     def module_zero_grad(self, module: torch.nn.Module) -> None:
         """After ``Module.zero_grad``: the module's parameters were reset."""
-        if not self.on or not self.by_param:
+        if not self.on:
             return
         try:
+            if self.unowned.active:  # an update by hand before this reset came first
+                self.unowned.boundary()
+            if not self.by_param:
+                return
             covered = self._covered(module.parameters())
             if not covered:
                 return
@@ -384,5 +425,10 @@ class Tracker:
 
     def close(self) -> None:
         """Remove every hook and turn off (the session ends)."""
+        if self.on:
+            try:
+                self.unowned.close()
+            except Exception as e:  # noqa: BLE001
+                self.fail(e)
         self.on = False
         self.remove_hooks()

@@ -17,6 +17,9 @@ def _clean(r: Any) -> None:
     assert r.steps(), "no step recorded"
     for s in r.steps():
         assert (s.stale, s.leaked, s.late_params, s.discarded) == (0, 0, [], 0), s
+    # nothing the optimizers do looks like an update by hand or a lifecycle problem
+    assert not [x for x in r.records if x.type in ("unowned", "holding")
+                or (x.type == "optimizer" and x.manual)]
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])

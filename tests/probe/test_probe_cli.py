@@ -192,7 +192,8 @@ def test_crash_mid_run_leaves_complete_lines(tmp_path: Path) -> None:
 
 def test_run_in_process_manual_sgd_and_gan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    """Manual SGD (no optimizer) stays clean; a GAN script gets names and the leak found."""
+    """Manual SGD (no optimizer) stays clean, its updates counted as steps; a GAN script gets
+    names and the leak found."""
     from gradwatch.probe import runner
     from gradwatch.verdict import verdict_of
 
@@ -201,7 +202,7 @@ def test_run_in_process_manual_sgd_and_gan(tmp_path: Path, monkeypatch: pytest.M
     manual.write_text(textwrap.dedent('''
         import torch
         w = torch.zeros(3, requires_grad=True)
-        for i in range(4):
+        for i in range(8):
             loss = ((w - 1.0) ** 2).sum()
             loss.backward()
             with torch.no_grad():
@@ -209,8 +210,10 @@ def test_run_in_process_manual_sgd_and_gan(tmp_path: Path, monkeypatch: pytest.M
             w.grad.zero_()
     '''))
     assert runner.main(["--log", "manual.jsonl", "--", str(manual)]) == 0
-    assert ("no optimizer stepped in this process, so nothing was judged"
-            in capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert "no gradient-reset bug found" in err and "0 optimizer steps" not in err
+    steps = [r for r in read_log(tmp_path / "manual.jsonl").records if isinstance(r, Step)]
+    assert {s.opt for s in steps} == {"manual"} and len(steps) >= 4
     gan = tmp_path / "gan.py"
     gan.write_text(GAN)
     assert runner.main(["--log", "gan.jsonl", "--", str(gan)]) == 0

@@ -1,0 +1,100 @@
+"""Which leaf tensors a backward pass reaches: a walk of its autograd graph, sampled.
+
+Thread: training (the wrapper of ``torch.autograd.backward`` calls :func:`due` once per
+backward, and :func:`walk` on the sampled ones, before the engine runs).
+
+A backward accumulates into the ``.grad`` of each leaf its graph reaches: the ``variable`` of
+every ``AccumulateGrad`` node under the roots' ``grad_fn``. Walking a graph costs a Python step
+per node, so only some backwards are walked: the first four, the 8th, 16th, 32nd and 64th,
+then every 64th (:data:`EVERY`). A session that starts restarts the schedule
+(:func:`restart`). Nothing here reads a device value: the walk only follows graph nodes.
+
+A backward that runs inside another one (reentrant checkpointing) is not walked: leaves
+reached only inside such a segment are not found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from gradwatch.probe.tracker import Tracker
+
+EVERY = 64
+"""After the first 64 backwards, one in this many is walked."""
+_MAX_NODES = 200_000
+"""Graph nodes visited at most per walk (a larger graph's other leaves wait for another)."""
+
+_count = 0
+_next = 1
+
+
+def restart() -> None:
+    """A session starts: sample its first backwards again."""
+    global _count, _next
+    _count, _next = 0, 1
+
+
+def due() -> bool:
+    """Count a backward; whether it is one to walk (then :func:`walk` must follow)."""
+    global _count
+    _count += 1
+    return _count == _next
+
+
+def walk(trackers: Sequence[Tracker], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Walk the graph of the backward called with ``args``/``kwargs`` (those of
+    ``torch.autograd.backward``) and hand its leaves to each tracker."""
+    global _next
+    c = _count
+    _next = c + 1 if c < 4 else (c * 2 if c < EVERY else c + EVERY)
+    try:
+        found = leaves(_tensors(args[0] if args else kwargs.get("tensors")),
+                       args[5] if len(args) > 5 else kwargs.get("inputs"))
+    except Exception as e:  # noqa: BLE001 - never raise into the training loop
+        for t in trackers:
+            t.fail(e)
+        return
+    for t in trackers:
+        t.reached(found)
+
+
+def leaves(roots: Iterable[torch.Tensor], inputs: Any = None) -> list[torch.Tensor]:
+    """The leaf tensors whose ``.grad`` a backward from ``roots`` writes (only those among
+    ``inputs`` when given, as ``backward(inputs=...)`` does)."""
+    if inputs is not None:
+        return [t for t in _tensors(inputs) if t.requires_grad and t.grad_fn is None]
+    out: list[torch.Tensor] = []
+    stack = []
+    for r in roots:
+        if r.grad_fn is not None:
+            stack.append(r.grad_fn)
+        elif r.requires_grad:
+            out.append(r)  # a leaf as the root: backward() writes its own .grad
+    seen: set[Any] = set()
+    visited = 0
+    while stack and visited < _MAX_NODES:
+        node = stack.pop()
+        visited += 1
+        for nxt, _ in node.next_functions:
+            if nxt is None or nxt in seen:
+                continue
+            seen.add(nxt)
+            var = getattr(nxt, "variable", None)  # an AccumulateGrad node
+            if var is not None:
+                out.append(var)
+            else:
+                stack.append(nxt)
+    out.reverse()  # the depth-first walk meets the output side first: inputs' side first
+    return out
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if x is None:
+        return []
+    if isinstance(x, torch.Tensor):
+        return [x]
+    return [t for t in x if isinstance(t, torch.Tensor)]

@@ -1,0 +1,324 @@
+"""Tensors the backwards reach that no watched optimizer holds: updated by hand (the virtual
+optimizer ``manual``) or left untrained (``untrained_params``).
+
+Thread: training (the tracker routes the sampled graph walks, the backward boundaries and
+``Module.zero_grad`` here).
+
+The sampled walks (:mod:`gradwatch.probe.reach`) name the leaves a backward writes a
+gradient into; those no watched optimizer holds are followed here, weakly (an input made to
+require grad dies with its batch). At each *boundary* (a backward starting, a
+``Module.zero_grad``) the probe looks at each followed leaf: its version (an update under
+``torch.no_grad()`` moves it) and its norm (an update through ``.data`` does not move the
+version). A leaf that changed while it held a gradient was updated by hand: that update
+consumed the gradient, a step of the virtual optimizer (:mod:`gradwatch.probe.manual`),
+which the leaf joins. An ``nn.Parameter`` joins at once. A plain tensor may be made anew for
+each batch and dropped after a few updates (an adversarial perturbation): joining, it would
+be held alive for good. So it joins once it has lived through a step of a watched optimizer,
+or, in a session that watches no optimizer (a loop with none), once followed for :data:`AGE`
+boundaries, unless a plain tensor of its shape that joined before is no longer reached by
+the backwards (tensors made anew: plain tensors join that way no more). A leaf that stays
+unchanged for
+:data:`PROBATION` boundaries is *settled* and looked at again only every :data:`SLOW`
+boundaries; a settled ``nn.Parameter`` is *untrained* once optimizers have stepped
+:data:`MIN_STEPS` times since it was first seen, reported in a
+:class:`~gradwatch.wire.Unowned` record.
+
+Costs: nothing while every leaf the walks find is held by a watched optimizer (the usual
+run). Otherwise one norm per followed leaf at each boundary (values are read on the host)
+while it is on probation or updated by hand, and the gradients of those leaves are held from
+the end of a backward to the next boundary.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+import torch
+
+from gradwatch.probe import names
+from gradwatch.probe.manual import Manual, variable_names
+from gradwatch.probe.norms import values
+from gradwatch.wire import Unowned as UnownedRecord
+
+if TYPE_CHECKING:
+    from gradwatch.probe.tracker import Tracker
+
+PROBATION = 8
+"""Boundaries a leaf stays unchanged before it is settled."""
+MIN_STEPS = 2
+"""Optimizer steps in the run, since a parameter was first seen, before it is untrained."""
+SLOW = 64
+"""A settled leaf is looked at once every this many boundaries."""
+AGE = 4
+"""Boundaries a plain tensor is followed before it may join ``manual`` with no optimizer."""
+MAX_LEAVES = 10_000
+"""Leaves followed at most (more are left alone)."""
+_MAX_NAMED = 1000
+
+
+class _Leaf:
+    __slots__ = ("ref", "param", "first", "last", "tick0", "steps0", "real0", "ver", "norm",
+                 "quiet", "walks")
+
+    def __init__(self, t: torch.Tensor, bw: int, tick: int, steps: int, real: int) -> None:
+        self.ref = weakref.ref(t)
+        self.param = isinstance(t, torch.nn.Parameter)
+        self.first = self.last = bw
+        """The backwards of the first and the last walk that found it."""
+        self.tick0 = tick
+        self.steps0 = steps
+        """Steps of every optimizer (``manual`` included) when it was found."""
+        self.real0 = real
+        """Steps of the watched optimizers when it was found."""
+        self.ver: int | None = None
+        self.norm = 0.0
+        self.quiet = 0
+        """Boundaries it stayed unchanged at."""
+        self.walks = 1
+
+
+def _changed(ver: int, norm: float, ver0: int | None, norm0: float) -> bool:
+    # NaN never equals itself: a NaN norm that stays NaN is no change
+    return ver != ver0 or (norm != norm0 and not (norm != norm and norm0 != norm0))
+
+
+class Unowned:
+    """The leaves no watched optimizer holds, the virtual optimizer and the untrained
+    parameters of one session. Owned by the tracker."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.tracker = tracker
+        self.manual = Manual(tracker)
+        self.probation: dict[int, _Leaf] = {}
+        self.settled: dict[int, _Leaf] = {}
+        self.plain: dict[int, tuple[tuple[int, ...], int]] = {}
+        """Plain tensors in ``manual``: ``id`` -> shape and the last walk that reached it."""
+        self.churn = False
+        """Plain tensors made anew were seen: with no optimizer they join no more."""
+        self.elsewhere: dict[int, weakref.ref[torch.Tensor]] = {}
+        """Leaves an optimizer the session does not watch holds (left alone)."""
+        self.untrained: dict[int, _Leaf] = {}
+        self.member_fp: dict[int, tuple[int, float]] = {}
+        """``id(param)`` -> version and norm of each ``manual`` parameter at the last
+        boundary."""
+        self.end_grads: dict[int, torch.Tensor] = {}
+        self.tick = 0
+        self.reaching = 0
+        """Sampled walks that reached an untrained parameter since it was."""
+        self.first_step: int | None = None
+        self.sent: tuple[int, int, int] | None = None
+        """What the last record sent counted (:meth:`_counts`)."""
+        self.dirty = False
+        """The untrained parameters changed since the last record."""
+        self.active = False
+        """Boundaries have something to look at."""
+        self.wants_end = False
+        """The end of each backward has something to take."""
+
+    # ---------------------------------------------------------------- walks
+    def reached(self, leaves: list[torch.Tensor]) -> None:
+        """A sampled walk found ``leaves`` (the backward about to run writes their grads)."""
+        owned = self.tracker.by_param
+        bw = self.tracker.backwards.last + 1
+        steps, real = self.tracker.steps, self._real_steps()
+        hit = False
+        for t in leaves:
+            if t in owned:
+                if id(t) in self.plain:
+                    self.plain[id(t)] = (self.plain[id(t)][0], bw)
+                continue
+            key = id(t)
+            lf = self.probation.get(key) or self.settled.get(key)
+            if lf is not None and lf.ref() is t:
+                lf.last = bw
+                lf.walks += 1
+                hit = hit or key in self.untrained
+                continue
+            gone = self.elsewhere.get(key)
+            if gone is not None and gone() is t:
+                continue
+            if len(self.probation) + len(self.settled) < MAX_LEAVES:
+                self.probation[key] = _Leaf(t, bw, self.tick, steps, real)
+        if hit:
+            self.reaching += 1
+            if not self.reaching & (self.reaching - 1):  # sent again at 1, 2, 4, 8, ...
+                self._send()
+        self._update()
+
+    # ---------------------------------------------------------------- boundaries
+    def boundary(self) -> None:
+        """A backward starts, or ``Module.zero_grad`` ran: look at the followed leaves and
+        the ``manual`` parameters; an update by hand since the last boundary is a step."""
+        self.tick += 1
+        look = self._alive(self.probation)
+        if self.tick % SLOW == 0:
+            look += self._alive(self.settled)
+        members = self.manual.params
+        tensors = [*members, *(t for _, t in look)]
+        if not tensors:
+            self._after_boundary()
+            return
+        vers = [t._version for t in tensors]
+        norms = values(tensors)
+        m = len(members)
+        fp = self.member_fp
+        moved = False
+        for j, p in enumerate(members):
+            last = fp.get(id(p))
+            moved = moved or (last is not None and _changed(vers[j], norms[j], *last))
+            fp[id(p)] = (vers[j], norms[j])
+        joins: list[tuple[_Leaf, torch.Tensor]] = []
+        idle: list[tuple[_Leaf, torch.Tensor]] = []
+        steps, real = self.tracker.steps, self._real_steps()
+        for j, (lf, t) in enumerate(look, m):
+            key = id(t)
+            if lf.ver is not None and _changed(vers[j], norms[j], lf.ver, lf.norm):
+                lf.quiet = 0
+                if (key in self.end_grads or t.grad is not None) and (
+                        lf.param or self._may_join(lf, t, real)):
+                    joins.append((lf, t))  # updated by hand
+            else:
+                lf.quiet += 1
+                if lf.quiet >= PROBATION and key in self.probation:
+                    self.settled[key] = self.probation.pop(key)
+                if (lf.param and key in self.settled and key not in self.untrained
+                        and steps - lf.steps0 >= MIN_STEPS):
+                    idle.append((lf, t))
+            lf.ver, lf.norm = vers[j], norms[j]
+        if joins or idle:
+            held = self._held_elsewhere(joins + idle)
+            joins = [x for x in joins if id(x[1]) not in held]
+            for lf, t in idle:
+                if id(t) not in held:
+                    self._untrained(id(t), lf)
+        for lf, t in joins:
+            key = id(t)
+            if not lf.param:
+                self.plain[key] = (tuple(t.shape), lf.last)
+            self.probation.pop(key, None)
+            self.settled.pop(key, None)
+            if self.untrained.pop(key, None) is not None:
+                self.dirty = True
+            fp[key] = (t._version, lf.norm)  # as looked at just now
+        if moved or joins:
+            self.manual.step([t for _, t in joins], self.end_grads)
+        self._after_boundary()
+
+    def after_backward(self) -> None:
+        """A backward ended: hold the gradients it left on the leaves the next boundary may
+        find updated, and let ``manual`` take its norms."""
+        grads: dict[int, torch.Tensor] = {}
+        for p in self.manual.params:
+            if (g := p.grad) is not None:
+                grads[id(p)] = g
+        for _, t in self._alive(self.probation):
+            if (g := t.grad) is not None:
+                grads[id(t)] = g
+        self.end_grads = grads
+        self.manual.after_backward()
+
+    def close(self) -> None:
+        """The session ends: an update by hand after the last backward is a step too; send
+        the untrained parameters' last counts."""
+        if self.manual.params:
+            self.boundary()
+        if self.untrained and self.sent != self._counts():
+            self._send()
+
+    # ---------------------------------------------------------------- internals
+    def _alive(self, leaves: dict[int, _Leaf]) -> list[tuple[_Leaf, torch.Tensor]]:
+        """The leaves still alive and held by no watched optimizer (the others are dropped:
+        an untrained parameter an optimizer holds since stays untrained)."""
+        out = []
+        owned = self.tracker.by_param
+        dead = []
+        for key, lf in leaves.items():
+            t = lf.ref()
+            if t is None or t in owned:
+                dead.append(key)
+            else:
+                out.append((lf, t))
+        for key in dead:
+            del leaves[key]
+        return out
+
+    def _real_steps(self) -> int:
+        led = self.manual.led
+        return self.tracker.steps - (led.step if led is not None else 0)
+
+    def _may_join(self, lf: _Leaf, t: torch.Tensor, real: int) -> bool:
+        """Whether a plain tensor updated by hand may join ``manual`` (module docstring)."""
+        if real > lf.real0:
+            return True  # lived through an optimizer's step: not made anew for a batch
+        if (real or self.churn or self.tick - lf.tick0 < AGE
+                or len(self.tracker.ledgers) > (self.manual.led is not None)):
+            return False  # an optimizer is watched: it has to live through one's step
+        shape = tuple(t.shape)
+        if any(s == shape and last < lf.first for s, last in self.plain.values()):
+            self.churn = True  # one like it joined before and the backwards left it
+            return False
+        return True
+
+    def _untrained(self, key: int, lf: _Leaf) -> None:
+        self.untrained[key] = lf
+        self.dirty = True
+        if self.first_step is None:
+            self.first_step = lf.steps0
+
+    def _held_elsewhere(self, leaves: list[tuple[_Leaf, torch.Tensor]]) -> set[int]:
+        """Ids of ``leaves`` that an optimizer the session does not watch holds, from now on
+        left alone. Under ``gradwatch run`` the session watches every optimizer: none."""
+        if self.tracker.auto:
+            return set()
+        watched = self.tracker.ledgers
+        held: set[int] = set()
+        opt_t = torch.optim.Optimizer
+        for o in gc.get_objects():  # once per boundary that judges leaves (rare)
+            if issubclass(type(o), opt_t) and o not in watched:
+                for group in o.param_groups:
+                    held.update(id(p) for p in group["params"])
+        out = set()
+        for lf, t in leaves:
+            key = id(t)
+            if key in held:
+                out.add(key)
+                self.elsewhere[key] = lf.ref
+                self.probation.pop(key, None)
+                self.settled.pop(key, None)
+        return out
+
+    def _after_boundary(self) -> None:
+        self.end_grads = {}
+        self._update()
+        if self.dirty:
+            self._send()
+
+    def _update(self) -> None:
+        members = bool(self.manual.params)
+        self.wants_end = bool(self.probation) or members
+        self.active = self.wants_end or bool(self.settled)
+
+    def _counts(self) -> tuple[int, int, int]:
+        return len(self.untrained), self.reaching, self.tracker.steps
+
+    def _send(self) -> None:
+        alive = [(lf, t) for lf in self.untrained.values() if (t := lf.ref()) is not None]
+        params = [t for _, t in alive]
+        namer = self.tracker.namer or names.from_live_modules
+        named = params[:_MAX_NAMED]
+        listed = namer(named, None)  # type: ignore[arg-type]  # no groups: "param{k}" if unnamed
+        if any(n == f"param{k}" for k, n in enumerate(listed)):  # not in a module: a variable?
+            labels = variable_names(named)
+            listed = [labels.get(id(t), n) if n == f"param{k}" else n
+                      for k, (t, n) in enumerate(zip(named, listed, strict=True))]
+        self.sent = self._counts()
+        self.dirty = False
+        self.tracker.emit(UnownedRecord(
+            seq=0, t=time.time(), params=listed,
+            shapes=[list(p.shape) for p in named], count=len(params),
+            numel=sum(p.numel() for p in params),
+            backwards=max((lf.walks for lf, _ in alive), default=0),
+            first_step=self.first_step or 0, step=self.tracker.steps))
