@@ -24,9 +24,10 @@ boundaries; a settled ``nn.Parameter`` is *untrained* once optimizers have stepp
 :class:`~gradwatch.wire.Unowned` record.
 
 Costs: nothing while every leaf the walks find is held by a watched optimizer (the usual
-run). Otherwise one norm per followed leaf at each boundary (values are read on the host)
-while it is on probation or updated by hand, and the gradients of those leaves are held from
-the end of a backward to the next boundary.
+run). Otherwise one norm per followed leaf at each boundary while it is on probation or
+updated by hand, read on the host (on a GPU, one small copy per boundary, in those runs
+only), and the gradients of those leaves are held from the end of a backward to the next
+boundary.
 """
 
 from __future__ import annotations

@@ -85,6 +85,8 @@ const KIND_LABELS = {
   cross_optimizer_leak: "cross-optimizer leak",
   late_reset: "late reset",
   discarded_accumulation: "discarded accumulation",
+  untrained_params: "untrained parameters",
+  idle_optimizer: "idle optimizer",
 };
 
 /** Human label of a finding kind (the raw kind stays visible in the UI as well). */
