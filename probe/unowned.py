@@ -7,21 +7,24 @@ Thread: training (the tracker routes the sampled graph walks, the backward bound
 The sampled walks (:mod:`gradwatch.probe.reach`) name the leaves a backward writes a
 gradient into; those no watched optimizer holds are followed here, weakly (an input made to
 require grad dies with its batch). At each *boundary* (a backward starting, a
-``Module.zero_grad``) the probe looks at each followed leaf: its version (an update under
-``torch.no_grad()`` moves it) and its norm (an update through ``.data`` does not move the
-version). A leaf that changed while it held a gradient was updated by hand: that update
-consumed the gradient, a step of the virtual optimizer (:mod:`gradwatch.probe.manual`),
-which the leaf joins. An ``nn.Parameter`` joins at once. A plain tensor may be made anew for
-each batch and dropped after a few updates (an adversarial perturbation): joining, it would
-be held alive for good. So it joins once it has lived through a step of a watched optimizer,
-or, in a session that watches no optimizer (a loop with none), once followed for :data:`AGE`
+``Module.zero_grad``, the session's end) the probe looks at each followed leaf: its version
+(an update under ``torch.no_grad()`` moves it) and its norm (an update through ``.data``
+does not move the version).
+
+A leaf that changed while it held a gradient was updated by hand: that update consumed the
+gradient, a step of the virtual optimizer (:mod:`gradwatch.probe.manual`), which the leaf
+joins. An ``nn.Parameter`` joins at once. A plain tensor may be made anew for each batch and
+dropped after a few updates (an adversarial perturbation), and joining would hold it alive
+for good; so it joins once it has lived through a step of a watched optimizer or, in a
+session that watches none (a loop with no optimizer), once followed for :data:`AGE`
 boundaries, unless a plain tensor of its shape that joined before is no longer reached by
-the backwards (tensors made anew: plain tensors join that way no more). A leaf that stays
-unchanged for
-:data:`PROBATION` boundaries is *settled* and looked at again only every :data:`SLOW`
-boundaries; a settled ``nn.Parameter`` is *untrained* once optimizers have stepped
-:data:`MIN_STEPS` times since it was first seen, reported in a
-:class:`~gradwatch.wire.Unowned` record.
+the backwards (then tensors are being made anew: no more join that way).
+
+A leaf that stays unchanged for :data:`PROBATION` boundaries is *settled*, looked at again
+only every :data:`SLOW` boundaries; a settled ``nn.Parameter`` is *untrained* once
+optimizers have stepped :data:`MIN_STEPS` times since it was first seen, and reported in a
+:class:`~gradwatch.wire.Unowned` record (sent again when the list changes, when the walks
+reaching it double, and at the end).
 
 Costs: nothing while every leaf the walks find is held by a watched optimizer (the usual
 run). Otherwise one norm per followed leaf at each boundary while it is on probation or
@@ -108,7 +111,7 @@ class Unowned:
         self.end_grads: dict[int, torch.Tensor] = {}
         self.tick = 0
         self.reaching = 0
-        """Sampled walks that reached an untrained parameter since it was."""
+        """Sampled walks that reached a parameter already untrained."""
         self.first_step: int | None = None
         self.sent: tuple[int, int, int] | None = None
         """What the last record sent counted (:meth:`_counts`)."""
@@ -186,8 +189,8 @@ class Unowned:
                 if lf.quiet >= PROBATION and key in self.probation:
                     self.settled[key] = self.probation.pop(key)
                 if (lf.param and key in self.settled and key not in self.untrained
-                        and steps - lf.steps0 >= MIN_STEPS):
-                    idle.append((lf, t))
+                        and steps - lf.steps0 >= MIN_STEPS and t.grad is not None):
+                    idle.append((lf, t))  # holds a gradient nothing applies
             lf.ver, lf.norm = vers[j], norms[j]
         if joins or idle:
             held = self._held_elsewhere(joins + idle)

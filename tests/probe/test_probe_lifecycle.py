@@ -72,14 +72,22 @@ def test_backbone_left_out_of_the_optimizer(watched: Any) -> None:
     assert (f.first_step, f.last_step) == (0, 12)
 
 
-@pytest.mark.parametrize("how", ["copy", "wrapped"])
+@pytest.mark.parametrize("how", ["copy", "wrapped", "moved"])
 def test_optimizer_over_another_copy_of_the_model(watched: Any, how: str) -> None:
     m = mlp()
     if how == "copy":
         opt = torch.optim.SGD(copy.deepcopy(m).parameters(), lr=0.01)
-    else:  # built, then the model wrapped around a copy of itself
+    elif how == "wrapped":  # built, then the model wrapped around a copy of itself
         opt = torch.optim.SGD(m.parameters(), lr=0.01)
         m = torch.nn.Sequential(copy.deepcopy(m))
+    else:  # built, then moved with new parameter objects (as moves to XLA devices do)
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+        torch.__future__.set_overwrite_module_params_on_conversion(True)
+        try:
+            m = m.to(torch.float64).to(torch.float32)
+        finally:
+            torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
 
     r = watched(opt, _train(m, opt), model=m)
     kinds = _lifecycle(r)
@@ -183,3 +191,20 @@ def test_teachers_penalties_and_autograd_grad_stay_clean(watched: Any) -> None:
     r = watched(og, loop, model=G)
     assert r.findings == []
     assert not [x for x in r.records if isinstance(x, (Unowned, Holding))]
+
+
+def test_backward_restricted_to_the_optimized_inputs_stays_clean(watched: Any) -> None:
+    """``loss.backward(inputs=...)`` writes only the head's gradients: the backbone, which
+    requires grad and no optimizer holds, gets none."""
+    m = mlp()
+    head = list(m[2].parameters())
+    opt = torch.optim.SGD(head, lr=0.01)
+
+    def loop() -> None:
+        for i in range(12):
+            opt.zero_grad()
+            loss_of(m, i).backward(inputs=head)
+            opt.step()
+
+    r = watched(opt, loop, model=m)
+    assert r.findings == [] and m[0].weight.grad is None
