@@ -6,7 +6,8 @@ hook firing, so while a session is open ``Optimizer.zero_grad``, ``Module.zero_g
 the truth stays the state of ``.grad``), and ``Optimizer.add_param_group`` too, so that
 parameters added later (progressive unfreezing) are tracked. ``torch.autograd.backward``
 (which ``Tensor.backward`` calls) is wrapped to mark where each backward pass starts, once
-per backward instead of a check in every parameter's hook. In ``gradwatch run`` mode
+per backward instead of a check in every parameter's hook, and on sampled backwards to walk
+their graphs (:mod:`gradwatch.probe.reach`). In ``gradwatch run`` mode
 ``Optimizer.__init__`` is wrapped too, to attach to each optimizer the script creates. The
 last session to close restores the originals.
 
