@@ -44,6 +44,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 import gradwatch
+from gradwatch.probe import reach
 from gradwatch.probe.cpuplan import CpuPlan
 from gradwatch.probe.writer import RecordWriter
 
@@ -95,7 +96,7 @@ def bench(name: str, make: Make,
     model, x, y, opt = _setup(make)
     params = list(model.parameters())
     loss_fn = torch.nn.functional.cross_entropy
-    modes = (*MODES, "floor", "stacked", "kernels", "floor_after_step")
+    modes = (*MODES, "floor", "stacked", "kernels", "floor_after_step", "walk")
     times: dict[str, dict[str, list[float]]] = {c: {m: [] for m in modes} for c in CLOCKS}
     phases: dict[str, list[list[float]]] = {m: [] for m in MODES}
     """Wall time of each phase of each timed step (:data:`PHASES`)."""
@@ -199,6 +200,10 @@ def bench(name: str, make: Make,
                 drained[mode].append(writer.written > w0)
             detach()
             kept.clear()
+    for _ in range(steps):  # the graph walk a session's first backwards and 1 in 64 get
+        loss = loss_fn(model(x), y)
+        timed("walk", functools.partial(reach.leaves, [loss]))
+        del loss
     out = {c: {m: statistics.median(v) * 1e3 for m, v in t.items()} for c, t in times.items()}
     for c, t in times.items():
         out[c].update(paired(t, steps))
@@ -324,6 +329,9 @@ def report(name: str, target: float, r: dict[str, float], clock: str, blocks: in
           f" = {r['kernels'] / floor:.2f} x floor; the floor's kernels with their values "
           f"read by stacking them (the bare reader's way) {r['stacked']:.3f} = "
           f"{r['stacked'] / floor:.2f} x floor")
+    print(f"  a sampled walk of the autograd graph (a session's first {reach.FIRST} backwards, "
+          f"then 1 in {reach.EVERY}): {r['walk']:.3f} ms = {r['walk'] / floor:.2f} x floor, "
+          f"{r['walk'] / reach.EVERY * 1e3:.1f} us a step in the long run")
     print(f"  paired by block      judging x{r['paired_judging']:.3f} "
           f"(+-{_se_text(r['paired_judging_se'], 3)}), norms every step = baseline + "
           f"{r['paired_norms']:.2f} +- {_se_text(r['paired_norms_se'], 2)} x floor "

@@ -5,9 +5,10 @@ backward, and :func:`walk` on the sampled ones, before the engine runs).
 
 A backward accumulates into the ``.grad`` of each leaf its graph reaches: the ``variable`` of
 every ``AccumulateGrad`` node under the roots' ``grad_fn``. Walking a graph costs a Python step
-per node, so only some backwards are walked: the first four, the 8th, 16th, 32nd and 64th,
-then every 64th (:data:`EVERY`). A session that starts restarts the schedule
-(:func:`restart`). Nothing here reads a device value: the walk only follows graph nodes.
+per node, so only some backwards are walked: the first :data:`FIRST` of a session (where a
+script's set-up shows), then every :data:`EVERY`-th (where later changes show). A session that
+starts restarts the schedule (:func:`restart`). Nothing here reads a device value: the walk
+only follows graph nodes.
 
 A backward that runs inside another one (reentrant checkpointing) is not walked: leaves
 reached only inside such a segment are not found.
@@ -23,8 +24,10 @@ import torch
 if TYPE_CHECKING:
     from gradwatch.probe.tracker import Tracker
 
+FIRST = 3
+"""The first backwards of a session, all walked."""
 EVERY = 64
-"""After the first 64 backwards, one in this many is walked."""
+"""After those, one backward in this many is walked."""
 _MAX_NODES = 200_000
 """Graph nodes visited at most per walk (a larger graph's other leaves wait for another)."""
 
@@ -50,7 +53,7 @@ def walk(trackers: Sequence[Tracker], args: tuple[Any, ...], kwargs: dict[str, A
     ``torch.autograd.backward``) and hand its leaves to each tracker."""
     global _next
     c = _count
-    _next = c + 1 if c < 4 else (c * 2 if c < EVERY else c + EVERY)
+    _next = c + 1 if c < FIRST else (c // EVERY + 1) * EVERY
     try:
         found = leaves(_tensors(args[0] if args else kwargs.get("tensors")),
                        args[5] if len(args) > 5 else kwargs.get("inputs"))
@@ -68,7 +71,7 @@ def leaves(roots: Iterable[torch.Tensor], inputs: Any = None) -> list[torch.Tens
     if inputs is not None:
         return [t for t in _tensors(inputs) if t.requires_grad and t.grad_fn is None]
     out: list[torch.Tensor] = []
-    stack = []
+    stack: list[Any] = []  # graph nodes (torch types them loosely)
     for r in roots:
         if r.grad_fn is not None:
             stack.append(r.grad_fn)
@@ -76,6 +79,7 @@ def leaves(roots: Iterable[torch.Tensor], inputs: Any = None) -> list[torch.Tens
             out.append(r)  # a leaf as the root: backward() writes its own .grad
     seen: set[Any] = set()
     visited = 0
+    accumulate: Any = _accumulate_grad_type()
     while stack and visited < _MAX_NODES:
         node = stack.pop()
         visited += 1
@@ -83,13 +87,23 @@ def leaves(roots: Iterable[torch.Tensor], inputs: Any = None) -> list[torch.Tens
             if nxt is None or nxt in seen:
                 continue
             seen.add(nxt)
-            var = getattr(nxt, "variable", None)  # an AccumulateGrad node
-            if var is not None:
-                out.append(var)
+            if type(nxt) is accumulate:  # (a type check: getattr would raise on the others)
+                out.append(nxt.variable)
             else:
                 stack.append(nxt)
     out.reverse()  # the depth-first walk meets the output side first: inputs' side first
     return out
+
+
+_ACCUMULATE: list[type] = []
+
+
+def _accumulate_grad_type() -> type:
+    """The class of the graph node that accumulates into a leaf's ``.grad``."""
+    if not _ACCUMULATE:
+        node: Any = torch.zeros(1, requires_grad=True).expand(1).grad_fn
+        _ACCUMULATE.append(type(node.next_functions[0][0]))
+    return _ACCUMULATE[0]
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
