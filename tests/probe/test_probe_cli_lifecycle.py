@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,7 +120,7 @@ def _script(tmp_path: Path, text: str) -> Path:
     return p
 
 
-def _check_json(log: Path, tmp_path: Path) -> tuple[int, dict]:  # type: ignore[type-arg]
+def _check_json(log: Path, tmp_path: Path) -> tuple[int, dict[str, Any]]:
     c = _run(["check", "--json", str(log)], tmp_path)
     return c.returncode, json.loads(c.stdout)
 
