@@ -29,7 +29,7 @@ from gradwatch.wire import (
 )
 
 RecordModel = AnyRecord
-RecordKind = Literal["header", "optimizer", "site", "step", "stats", "end"]
+RecordKind = Literal["header", "optimizer", "site", "step", "stats", "end", "unowned", "holding"]
 
 
 class Entry:
