@@ -20,13 +20,13 @@ step counted fresh contributions, its norms are taken when each backward ends in
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from gradwatch.probe.facts import NormSample, StepFacts, TextbookStep
+from gradwatch.probe.names import from_frames
 from gradwatch.probe.norms import sample
 
 if TYPE_CHECKING:
@@ -39,18 +39,16 @@ NAME = "manual"
 
 class ManualUpdates:
     """Stands in for an optimizer (:meth:`Tracker.attach` reads ``param_groups``): the
-    parameters updated by hand, with the names of the variables that hold plain tensors."""
+    parameters updated by hand."""
 
     def __init__(self) -> None:
         self.param_groups: list[dict[str, Any]] = [{"params": []}]
-        self.labels: dict[int, str] = {}
-        """``id(tensor)`` -> the name of a variable holding it (plain tensors, not in a
-        module)."""
 
-    def named(self, params: Sequence[torch.Tensor], names: list[str]) -> list[str]:
-        """``names`` with variable names for tensors no module names (``group0.param3``)."""
-        return [self.labels.get(id(p), n) if n == f"group0.param{k}" else n
-                for k, (p, n) in enumerate(zip(params, names, strict=True))]
+    @staticmethod
+    def named(params: Sequence[torch.Tensor], names: list[str]) -> list[str]:
+        """``names`` where the session's namer found one, else the variable of the script
+        that holds the tensor (a plain tensor such as ``W``: no module names it)."""
+        return named_by_frames(params, names, "group0.")
 
 
 class Manual:
@@ -106,7 +104,6 @@ class Manual:
         self.pre_norms = sample([p.grad for p in led.params], None, [], [], None)
 
     def _join(self, new: list[torch.Tensor]) -> None:
-        self.opt.labels.update(variable_names(new))
         self.opt.param_groups[0]["params"].extend(new)
         # attach and its ledger read only ``param_groups`` (and ``grad_scale`` if there)
         stand_in = cast(torch.optim.Optimizer, self.opt)
@@ -143,18 +140,12 @@ def _zero(norms: Any) -> bool:
     return isinstance(vals, list) and bool(vals) and not any(vals)
 
 
-def variable_names(tensors: Sequence[torch.Tensor]) -> dict[int, str]:
-    """Names of variables in the calling frames (the script's, outside torch and gradwatch)
-    that hold ``tensors``: ``id(tensor) -> name``. Looked up once, when they join."""
-    wanted = {id(t) for t in tensors}
-    out: dict[int, str] = {}
-    frame = sys._getframe(1)
-    while frame is not None and len(out) < len(wanted):
-        mod = frame.f_globals.get("__name__", "")
-        if not (mod.startswith("torch") or mod.startswith("gradwatch")):
-            for scope in (frame.f_locals, frame.f_globals):
-                for name, v in list(scope.items()):
-                    if id(v) in wanted and id(v) not in out and isinstance(v, torch.Tensor):
-                        out[id(v)] = name
-        frame = frame.f_back  # type: ignore[assignment]
-    return out
+def named_by_frames(params: Sequence[torch.Tensor], names: list[str],
+                    prefix: str = "") -> list[str]:
+    """``names``, where one is only a position (``{prefix}param{k}``) replaced by what the
+    script's frames call the tensor (:func:`gradwatch.probe.names.from_frames`), if they do."""
+    if not any(n == f"{prefix}param{k}" for k, n in enumerate(names)):
+        return names
+    found = from_frames(params)
+    return [found[k] if n == f"{prefix}param{k}" and found[k] != f"param{k}" else n
+            for k, n in enumerate(names)]

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gradwatch.probe import names
-from gradwatch.probe.manual import Manual, variable_names
+from gradwatch.probe.manual import Manual, named_by_frames
 from gradwatch.probe.norms import values
 from gradwatch.wire import Unowned as UnownedRecord
 
@@ -311,13 +311,9 @@ class Unowned:
     def _send(self) -> None:
         alive = [(lf, t) for lf in self.untrained.values() if (t := lf.ref()) is not None]
         params = [t for _, t in alive]
-        namer = self.tracker.namer or names.from_live_modules
+        namer = self.tracker.namer or names.from_frames
         named = params[:_MAX_NAMED]
-        listed = namer(named, None)  # type: ignore[arg-type]  # no groups: "param{k}" if unnamed
-        if any(n == f"param{k}" for k, n in enumerate(listed)):  # not in a module: a variable?
-            labels = variable_names(named)
-            listed = [labels.get(id(t), n) if n == f"param{k}" else n
-                      for k, (t, n) in enumerate(zip(named, listed, strict=True))]
+        listed = named_by_frames(named, namer(named, None))  # type: ignore[arg-type]
         self.sent = self._counts()
         self.dirty = False
         self.tracker.emit(UnownedRecord(
