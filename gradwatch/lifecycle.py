@@ -19,7 +19,7 @@ from collections import Counter
 
 from gradwatch.wire import Finding, Holding, OptimizerInfo, Unowned
 
-UNOWNED = "(none)"
+UNOWNED = "(no optimizer)"
 """The ``optimizer`` of an ``untrained_params`` finding: no optimizer holds them."""
 UNTRAINED_FIX = (
     "If they should train, add them to the optimizer "

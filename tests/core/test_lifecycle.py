@@ -38,7 +38,7 @@ def test_untrained_params_left_out() -> None:
     recs = [optimizer(), step(2, 0), _unowned(3)]
     [f] = verdict_of([header(), *recs]).findings()
     assert (f.kind, f.optimizer, f.params, f.first_step, f.last_step, f.steps) == (
-        "untrained_params", "(none)", ["head.weight", "head.bias"], 0, 9, 10)
+        "untrained_params", "(no optimizer)", ["head.weight", "head.bias"], 0, 9, 10)
     assert "18 elements" in f.message and "5 sampled backward passes" in f.message
     assert "requires_grad_(False)" in f.fix
 

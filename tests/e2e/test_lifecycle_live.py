@@ -35,7 +35,7 @@ def test_untrained_head_and_manual_updates_reach_the_server(tmp_path: Path) -> N
         want = [f.model_dump(mode="json")
                 for f in verdict_of([log.header, *log.records]).findings()]
         assert {(f["kind"], f["optimizer"]) for f in want} == {
-            ("untrained_params", "(none)"), ("missed_reset", "manual")}
+            ("untrained_params", "(no optimizer)"), ("missed_reset", "manual")}
         deadline = time.monotonic() + 15
         while srv.get("/api/runs/e2e-life/findings")["findings"] != want:
             assert time.monotonic() < deadline, srv.get("/api/runs/e2e-life/findings")

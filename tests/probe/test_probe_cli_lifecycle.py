@@ -141,7 +141,7 @@ def test_regression_example_under_run(tmp_path: Path, bug: bool) -> None:
     code, out = _check_json(log, tmp_path)
     assert out["summary"]["manual_steps"] == 30
     if bug:
-        assert code == 1 and "missed_reset  optimizer=manual  first_step=1  steps=29" in r.stderr
+        assert code == 1 and "missed_reset on manual, from step 1 (29 steps)" in r.stderr
         assert [(f["kind"], f["optimizer"]) for f in out["findings"]] == [
             ("missed_reset", "manual")]
     else:
@@ -183,4 +183,4 @@ def test_lifecycle_findings_under_run(tmp_path: Path, how: str) -> None:
         assert found["idle_optimizer"]["optimizer"] == "opt"  # the script's variable
         assert found["idle_optimizer"]["steps"] == 12
     text = _run(["check", str(log)], tmp_path)
-    assert text.returncode == 1 and "untrained_params  optimizer=(none)" in text.stdout
+    assert text.returncode == 1 and "untrained_params on (no optimizer), from step 0" in text.stdout

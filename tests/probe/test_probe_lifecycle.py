@@ -36,7 +36,7 @@ def test_head_replaced_after_the_optimizer(watched: Any) -> None:
     m[2] = torch.nn.Linear(8, 2)  # the new head: the optimizer still holds the old one
 
     r = watched(opt, _train(m, opt), model=m)
-    assert _lifecycle(r) == [("untrained_params", "(none)", ["2.weight", "2.bias"])]
+    assert _lifecycle(r) == [("untrained_params", "(no optimizer)", ["2.weight", "2.bias"])]
     [f] = r.findings
     assert "replaced after SGD#0 was built" in f.message and "add_param_group" in f.fix
     [u] = [x for x in r.records if isinstance(x, Unowned)][-1:]
@@ -66,7 +66,7 @@ def test_backbone_left_out_of_the_optimizer(watched: Any) -> None:
     opt = torch.optim.SGD(m[2].parameters(), lr=0.01)  # the backbone still requires grad
 
     r = watched(opt, _train(m, opt), model=m)
-    assert _lifecycle(r) == [("untrained_params", "(none)", ["0.weight", "0.bias"])]
+    assert _lifecycle(r) == [("untrained_params", "(no optimizer)", ["0.weight", "0.bias"])]
     f = r.findings[0]
     assert "for nothing" in f.message and "requires_grad_(False)" in f.fix
     assert (f.first_step, f.last_step) == (0, 12)
@@ -92,7 +92,7 @@ def test_optimizer_over_another_copy_of_the_model(watched: Any, how: str) -> Non
     r = watched(opt, _train(m, opt), model=m)
     kinds = _lifecycle(r)
     assert [k[:2] for k in kinds] == [("idle_optimizer", "SGD#0"),
-                                      ("untrained_params", "(none)")]
+                                      ("untrained_params", "(no optimizer)")]
     idle = next(f for f in r.findings if f.kind == "idle_optimizer")
     assert (idle.first_step, idle.last_step, idle.steps) == (0, 11, 12)
     assert "none of its 4 parameters" in idle.message and "another copy" in idle.message
