@@ -100,7 +100,7 @@ def load_state(conn: sqlite3.Connection, run_id: str) -> RunState | None:
     st.verdict.feed(parse_record(row[11]), 0)
     for rank, body in conn.execute(
             "SELECT rank, body FROM records WHERE rid=? AND kind IN ('optimizer', 'site', "
-            "'stats', 'end') ORDER BY rank, seq", (rid,)):
+            "'unowned', 'holding', 'stats', 'end') ORDER BY rank, seq", (rid,)):
         st.verdict.feed(parse_record(body), rank)
     for rank, body in conn.execute(
             "SELECT r.rank, r.body FROM steps s JOIN records r ON r.rid=s.rid AND "
