@@ -85,16 +85,30 @@ export function fetchRun(runId) {
   return getJson(`/api/runs/${encodeURIComponent(runId)}`);
 }
 
+/** Give a run a new display name; resolves with its RunSummary. */
+export async function renameRun(runId, name) {
+  return getJson(`/api/runs/${encodeURIComponent(runId)}`, {}, {
+    method: "PATCH", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ name }),
+  });
+}
+
+/** Delete a run and everything stored for it. */
+export async function deleteRun(runId) {
+  await request(`/api/runs/${encodeURIComponent(runId)}`, {}, { method: "DELETE" });
+}
+
 /**
- * Download the run as CSV or JSON Lines. A plain link cannot carry the Authorization
- * header, so the file is fetched and handed to the browser as a blob.
+ * Download the run as CSV or JSON Lines, as `filename` when given (else the server's
+ * name). A plain link cannot carry the Authorization header, so the file is fetched and
+ * handed to the browser as a blob.
  */
-export async function downloadExport(runId, format) {
+export async function downloadExport(runId, format, filename = null) {
   const resp = await request(`/api/runs/${encodeURIComponent(runId)}/export`, { format });
   const blob = await resp.blob();
   const disp = resp.headers.get("Content-Disposition") || "";
   const m = /filename="?([^";]+)"?/.exec(disp);
-  const name = m ? m[1] : `${runId}.${format}`;
+  const name = filename || (m ? m[1] : `${runId}.${format}`);
   const a = document.createElement("a");
   a.href = URL.createObjectURL(blob);
   a.download = name;
