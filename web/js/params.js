@@ -219,7 +219,7 @@ function fillSelect(sel, items, keep) {
  * such). Drift is diverging at 1.0 (healthy, dark): above it warms to amber and red, below
  * it (a reset threw the fresh gradient away) turns blue. Norms use Viridis.
  */
-export function colorScale(metric, raw) {
+function colorScale(metric, raw) {
   let lo = Infinity, hi = -Infinity;
   for (const row of raw) {
     for (const v of row) {

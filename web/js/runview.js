@@ -35,6 +35,7 @@ export class RunView {
     this.follow = !initial.range;
     this.findingKey = initial.finding;
     this.landOn = null; // a step to show once its window is loaded
+    this.restored = false; // the finding in the URL was selected (first snapshot)
     this.held = 0; // steps received while the chart is frozen
     this.fetchSeq = 0;
     this.paramsTimer = null;
@@ -115,10 +116,14 @@ export class RunView {
     ingest(f.steps, this.series);
     renderSampling(f.steps);
     this.setFindings(f.findings || []);
-    if (this.findingKey) this.restoreFinding();
+    const first = !this.restored;
+    this.restored = true;
+    if (first && this.findingKey) this.restoreFinding();
     await this.chart.load(this.series, this.range);
-    // Zoomed (a reconnect, or a link with a window): fetch the window in full detail.
+    // Zoomed (a reconnect, or a link with a window): fetch the window in full detail; the
+    // selected finding's step is shown once it is in.
     if (this.range) this.refetch();
+    else this.land();
     this.updatePlayer();
     this.params.setRange(this.range);
     this.params.refresh();
@@ -212,11 +217,7 @@ export class RunView {
       renderSampling(ss);
       await this.chart.load(this.series, range);
       this.updatePlayer();
-      if (this.landOn !== null) {
-        const step = this.landOn;
-        this.landOn = null;
-        this.showStep(step);
-      }
+      this.land();
     } catch (err) {
       showToast(`Could not load steps: ${err.message}`);
     }
@@ -234,6 +235,14 @@ export class RunView {
     // Findings name an optimizer by its label where it has one; the selector lists ids.
     const info = this.optimizers.find((o) => o.label === f.optimizer && (o.rank || 0) === (f.rank || 0));
     this.params.selectOptimizer(info ? info.opt : f.optimizer, f.rank || 0);
+  }
+
+  /** Show the step a picked finding lands on, once its rows are loaded. */
+  land() {
+    if (this.landOn === null) return;
+    const step = this.landOn;
+    this.landOn = null;
+    this.showStep(step);
   }
 
   restoreFinding() {
