@@ -243,7 +243,7 @@ def _finite(v: Any) -> float | None:
     return v if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-async def test_pause_holds_live_steps_resume_draws_them_and_log_scale_applies(
+async def test_freeze_holds_live_steps_unfreeze_draws_them_and_log_scale_applies(
         server: ServerProc, page: Page) -> None:
     run = "pausing"
     sent = steps(90)
@@ -254,7 +254,7 @@ async def test_pause_holds_live_steps_resume_draws_them_and_log_scale_applies(
         await wait_for(lambda: _count_is(page, 30))
         await page.locator("#btn-freeze").click()
         await ws.send(IngestBatch(run=run, records=sent[30:90]).model_dump_json())
-        # The facts line shows the steps arriving, but the paused chart does not move.
+        # The facts line shows the steps arriving, but the frozen chart does not move.
         await wait_for(lambda: _text_has(page, "#run-facts", "90"))
         await page.wait_for_timeout(300)
         assert await plotted_steps(page) == 30
