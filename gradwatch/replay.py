@@ -39,7 +39,8 @@ def _parser() -> CommandParser:
     pace.add_argument("--resume", action="store_true",
                       help="send what the server lacks into the log's own run (same run "
                            "id), e.g. after the server was unreachable at the end of a run")
-    p.add_argument("--name", default=None, help="run name (default: '<name> (replay)')")
+    p.add_argument("--name", default=None,
+                   help="run name (default: '<name> (replay HH:MM:SS)', the time it starts)")
     p.add_argument("--token", default=None, help="server token (or GRADWATCH_TOKEN)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds to wait for the server to take the rest at the end")
@@ -49,6 +50,13 @@ def _parser() -> CommandParser:
 def new_run_id(run: str) -> str:
     """A fresh run id derived from the log's (so a replay never merges into the original)."""
     return f"{run[:40]}-replay-{secrets.token_hex(4)}"
+
+
+def replay_name(name: str, when: time.struct_time) -> str:
+    """The default name of a replay: the log's name and the time the replay started, so
+    two replays of one log read apart in the run list (the server also keeps names
+    distinct, adding " (2)" to a name already taken)."""
+    return f"{name} (replay {time.strftime('%H:%M:%S', when)})"
 
 
 def dashboard_url(server: str, run: str) -> str:
@@ -102,7 +110,7 @@ def main(argv: Sequence[str]) -> int:
         return resume(Path(a.log), log.header.run, log.header.rank,
                       [log.header, *log.records][-1].seq, a.server, token, a.timeout)
     run = new_run_id(log.header.run)
-    name = a.name or f"{log.header.run_name or log.header.run} (replay)"
+    name = a.name or replay_name(log.header.run_name or log.header.run, time.localtime())
     start = time.time()
     plan = retimed([log.header, *log.records], log.header.t, start,
                    None if a.fast else a.speed or 1.0, run, name)

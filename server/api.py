@@ -18,10 +18,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 from gradwatch.frames import ParamSeries, RunSummary, StepSeries, frame_json, json_schema
-from gradwatch.server.errors import InvalidStream, Refused, RunLimitReached, StoreBusy
+from gradwatch.server.errors import (
+    InvalidStream,
+    NameTaken,
+    Refused,
+    RunLimitReached,
+    StoreBusy,
+)
 from gradwatch.server.runs import Runs
 from gradwatch.steplog import StepLog, StepLogError, read_log
-from gradwatch.wire import INT64_MAX, Finding
+from gradwatch.wire import INT64_MAX, Finding, Header
 
 router = APIRouter(prefix="/api")
 
@@ -30,7 +36,8 @@ StepBound = Annotated[int | None, Query(ge=-INT64_MAX - 1, le=INT64_MAX)]
 RankQuery = Annotated[int | None, Query(ge=0, le=INT64_MAX)]
 Rank = Annotated[int, Query(ge=0, le=INT64_MAX)]
 
-STATUS: dict[type[Refused], int] = {InvalidStream: 400, RunLimitReached: 429, StoreBusy: 503}
+STATUS: dict[type[Refused], int] = {InvalidStream: 400, NameTaken: 409, RunLimitReached: 429,
+                                    StoreBusy: 503}
 """The HTTP status that answers each refusal of the core (others: 400)."""
 
 
@@ -48,6 +55,30 @@ class RunList(BaseModel):
 class FindingList(BaseModel):
     """Findings of a run."""
     findings: list[Finding]
+
+
+class RunRename(BaseModel):
+    """A new display name for a run."""
+    name: str
+
+
+_NAME_MAX = next(m.max_length for m in Header.model_fields["run_name"].metadata
+                 if hasattr(m, "max_length"))
+"""The longest run name: what a probe's header may carry."""
+
+
+def _run_name(raw: str) -> str:
+    """A display name as typed, trimmed; a 400 that says why when it cannot be one."""
+    name = raw.strip()
+    if not name:
+        raise HTTPException(400, "a run name cannot be empty")
+    if len(name) > _NAME_MAX:
+        raise HTTPException(400, f"a run name has at most {_NAME_MAX} characters "
+                                 f"(this one has {len(name)})")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise HTTPException(400, "a run name cannot hold control characters (newlines, "
+                                 "tabs)")
+    return name
 
 
 class Imported(BaseModel):
@@ -144,6 +175,15 @@ async def export(run_id: str, request: Request, format: Literal["jsonl", "csv"] 
         raise _missing(run_id)
     return StreamingResponse(lines, media_type=media, headers={
         "Content-Disposition": f'attachment; filename="{run_id}.{ext}"'})
+
+
+@router.patch("/runs/{run_id}", response_model=RunSummary, summary="Rename a run")
+async def rename(run_id: str, body: RunRename, request: Request) -> Response:
+    """Give a run a new display name (distinct from every other run's: 409 otherwise)."""
+    summary = await _runs(request).rename(run_id, _run_name(body.name))
+    if summary is None:
+        raise _missing(run_id)
+    return _json(summary)
 
 
 @router.delete("/runs/{run_id}", status_code=204, summary="Delete a run")

@@ -55,3 +55,7 @@ class RunLimitReached(Refused):
 
 class StoreBusy(Refused):
     """The storage writer's queue is full: retry later."""
+
+
+class NameTaken(Refused):
+    """A rename to a display name another run already has (run names stay distinct)."""

@@ -7,6 +7,8 @@ called from worker threads; a long series downsamples from its chunk summaries
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import queue
 import sqlite3
@@ -212,19 +214,30 @@ class Reader:
             return None
 
         def gen() -> Iterator[str]:
-            yield ",".join(Row._fields) + "\n"
+            # The csv module quotes what needs it: an optimizer named `G "main", v2` stays
+            # one cell.
+            buf = io.StringIO()
+            out = csv.writer(buf, lineterminator="\n")
+            out.writerow(Row._fields)
             c = db.connect(self.data_dir, readonly=True)
             try:
-                for t in c.execute(STEP_SELECT + "WHERE rid=? ORDER BY rank, opt, step",
-                                   (rid,)):
-                    r = to_row(t)
-                    cells = [json.dumps(x) if isinstance(x, str) else
-                             ";".join(f"{h}:{n}" for h, n in x) if isinstance(x, tuple)
-                             else "" if x is None else str(x) for x in r]
-                    yield ",".join(cells) + "\n"
+                cur = c.execute(STEP_SELECT + "WHERE rid=? ORDER BY rank, opt, step", (rid,))
+                while rows := cur.fetchmany(1000):
+                    out.writerows(_csv_cells(to_row(t)) for t in rows)
+                    yield buf.getvalue()
+                    buf.seek(0)
+                    buf.truncate()
             finally:
                 c.close()
+            if buf.tell():  # the header of a run without steps
+                yield buf.getvalue()
         return gen()
+
+
+def _csv_cells(r: Row) -> list[object]:
+    """A step row as CSV cells: resets as ``how:n;how:n``, an unsampled norm empty."""
+    return [";".join(f"{h}:{n}" for h, n in x) if isinstance(x, tuple) else
+            "" if x is None else x for x in r]
 
 
 def _floats(xs: list[Any] | None) -> list[float | None]:

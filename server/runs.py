@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from gradwatch.frames import RunSummary
 from gradwatch.server.batch import IngestResult, RecordModel
 from gradwatch.server.fanout import Hub
 from gradwatch.server.files import private_dir
@@ -83,6 +84,18 @@ class Runs:
         if ok:
             self.hub.publish_deleted(run)
         return ok
+
+    async def rename(self, run: str, name: str) -> RunSummary | None:
+        """Give a run a new display name; tell live clients. ``None`` if there is none.
+
+        Raises:
+            NameTaken: another run has that name.
+            StoreBusy: the writer's queue is full.
+        """
+        summary = await self.write(self.store.rename, run, name)
+        if summary is not None:
+            self.hub.publish_summary(summary)
+        return summary
 
     async def import_log(self, header: Header, records: list[RecordModel]) -> tuple[str, int]:
         """Store a validated step log as a new run; returns its id and step count.

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from gradwatch.frames import RunSummary
 from gradwatch.server import chunks, db
 from gradwatch.server.batch import Batch, Entry, IngestResult, RecordModel, batch_of_records
-from gradwatch.server.errors import InvalidStream, RunLimitReached, StoreBusy
+from gradwatch.server.errors import InvalidStream, NameTaken, RunLimitReached, StoreBusy
 from gradwatch.server.runstate import RunState, load_state, new_state
 from gradwatch.server.writes import write_batch
 from gradwatch.wire import Header
@@ -202,10 +202,11 @@ class Store:
     def _create(self, entry: Entry, name: str | None) -> RunState:
         header = entry.record
         assert isinstance(header, Header)
+        name = self._distinct_name(name or header.run_name or header.run)
         cur = self._conn.execute(
             "INSERT INTO runs(id, name, status, started, updated, torch_version, "
             "world_size, header) VALUES(?,?,?,?,?,?,?,?)",
-            (header.run, name or header.run_name or header.run, "live", header.started,
+            (header.run, name, "live", header.started,
              header.t, header.torch_version, header.world_size, entry.body))
         assert cur.lastrowid is not None
         st = new_state(cur.lastrowid, header, name)
@@ -237,6 +238,34 @@ class Store:
         self._conn.execute("COMMIT")
         self._states.pop(run_id, None)
         return True
+
+    def _name_taken(self, name: str) -> bool:
+        return self._conn.execute("SELECT 1 FROM runs WHERE name=?", (name,)).fetchone() \
+            is not None
+
+    def _distinct_name(self, name: str) -> str:
+        """``name``, or ``name (2)``, ``name (3)``... when another run is called that: two
+        runs (two replays of one log) never read alike in the run list."""
+        n, cand = 1, name
+        while self._name_taken(cand):
+            n += 1
+            cand = f"{name[:190]} ({n})"
+        return cand
+
+    def rename(self, run_id: str, name: str) -> RunSummary | None:
+        """Give a run a new display name; ``None`` if there is no such run.
+
+        Raises:
+            NameTaken: another run has that name.
+        """
+        st = self._state(run_id)
+        if st is None:
+            return None
+        if name != st.name and self._name_taken(name):
+            raise NameTaken(f"another run is already named '{name}'; pick another name")
+        st.name = name
+        self._conn.execute("UPDATE runs SET name=? WHERE rid=?", (name, st.rid))
+        return st.summary()
 
     def free_id(self, wanted: str) -> str:
         """``wanted`` if no run has that id, else ``wanted-2``, ``wanted-3``, ..."""

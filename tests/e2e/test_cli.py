@@ -69,6 +69,16 @@ def test_replay_sends_a_log_as_a_new_run(tmp_path: Path) -> None:
         assert len(srv.get("/api/runs")["runs"]) == 2
 
 
+def test_two_replays_of_one_log_read_apart_in_the_run_list(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "run.jsonl", steps=10)
+    with ServerProc(tmp_path / "d") as srv:
+        for _ in range(2):
+            assert gw("replay", str(log), "--server", srv.ws, "--fast").returncode == 0
+        names = sorted(r["name"] for r in srv.get("/api/runs")["runs"])
+    assert len(set(names)) == 2, names
+    assert all(n.startswith("run1 (replay ") for n in names), names
+
+
 def test_replay_of_an_invalid_log_exits_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text("hello\n")

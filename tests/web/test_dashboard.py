@@ -20,21 +20,9 @@ from gradwatch.wire import End, IngestBatch
 from tests.serverproc import ServerProc
 
 from .conftest import Page
-from .dash import header, ingest, optimizer, plotted, plotted_steps, steps
+from .dash import header, ingest, optimizer, plotted, plotted_steps, steps, wait_for
 
 pytestmark = pytest.mark.browser
-
-
-async def wait_for(pred, timeout: float = 15.0, every: float = 0.1):  # type: ignore[no-untyped-def]
-    """Poll an async predicate until it returns something truthy."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        got = await pred()
-        if got:
-            return got
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s (last value {got!r})")
-        await asyncio.sleep(every)
 
 
 async def test_a_run_named_like_html_shows_as_text_and_runs_no_script(
@@ -263,7 +251,7 @@ def _finite(v: Any) -> float | None:
     return v if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-async def test_pause_holds_live_steps_resume_draws_them_and_log_scale_applies(
+async def test_freeze_holds_live_steps_unfreeze_draws_them_and_log_scale_applies(
         server: ServerProc, page: Page) -> None:
     run = "pausing"
     sent = steps(90)
@@ -272,13 +260,13 @@ async def test_pause_holds_live_steps_resume_draws_them_and_log_scale_applies(
                                                     *sent[:30]]).model_dump_json())
         await page.goto(f"{server.http}/?run={run}")
         await wait_for(lambda: _count_is(page, 30))
-        await page.locator("#btn-pause").click()
+        await page.locator("#btn-freeze").click()
         await ws.send(IngestBatch(run=run, records=sent[30:90]).model_dump_json())
-        # The facts line shows the steps arriving, but the paused chart does not move.
+        # The facts line shows the steps arriving, but the frozen chart does not move.
         await wait_for(lambda: _text_has(page, "#run-facts", "90"))
         await page.wait_for_timeout(300)
         assert await plotted_steps(page) == 30
-        await page.locator("#btn-pause").click()
+        await page.locator("#btn-freeze").click()
         await wait_for(lambda: _count_is(page, 90))
         xs, ys = (await plotted(page, "norm"))["SGD#0"]
         assert xs == list(range(90)) and ys == pytest.approx([s.norm for s in sent])
@@ -294,8 +282,9 @@ async def test_pause_holds_live_steps_resume_draws_them_and_log_scale_applies(
     assert page.errors == []
 
 
-async def _text_has(page: Page, selector: str, text: str) -> bool:
-    return text in (await page.locator(selector).text_content() or "")
+async def _text_has(page: Page, selector: str, *parts: str) -> bool:
+    text = await page.locator(selector).text_content() or ""
+    return all(p in text for p in parts)
 
 
 async def test_a_long_run_is_downsampled_and_zooming_refetches_full_detail(
@@ -320,6 +309,16 @@ async def test_a_long_run_is_downsampled_and_zooming_refetches_full_detail(
     assert xs[0] <= missed[0] and xs[-1] >= missed[1] - 1 and len(xs) < 200
     _, ys = (await plotted(page, "norm"))["SGD#0"]
     assert ys == pytest.approx([s.norm for s in sent[xs[0]:xs[-1] + 1]])
+    # It lands on the finding's first step (the first to re-apply old gradients): the
+    # cursor is there and the readout gives that step's own values.
+    first = missed[0] + 1
+    s = sent[first]
+    want = (f"step {first:,} ", f"‖grad‖ {s.norm:.3g} fresh {s.fresh_norm:.3g} "
+            f"drift {s.drift:.3g} stale {s.stale}")
+    await wait_for(lambda: _text_has(page, "#readout", *want))
+    cursor = await page.evaluate("""document.getElementById('chart').layout.shapes
+      .filter(s => s.type === 'line' && s.xref === 'x').map(s => s.x0)""")
+    assert cursor == [first]
     assert page.errors == []
 
 

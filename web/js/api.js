@@ -18,15 +18,6 @@ export function wsUrl(path, query = {}) {
   return url.toString();
 }
 
-/** A page URL, for links between dashboard views. */
-export function pageUrl(query = {}) {
-  const url = new URL("/", window.location.origin);
-  for (const [k, v] of Object.entries(query)) {
-    if (v !== null && v !== undefined) url.searchParams.set(k, String(v));
-  }
-  return url.pathname + url.search;
-}
-
 /** An error from the server, carrying its HTTP status and `detail` sentence. */
 export class ApiError extends Error {
   constructor(status, detail) {
@@ -78,13 +69,30 @@ export function fetchRun(runId) {
   return getJson(`/api/runs/${encodeURIComponent(runId)}`);
 }
 
-/** Download the run as CSV or JSON Lines: fetched, then handed to the browser as a blob. */
-export async function downloadExport(runId, format) {
+/** Give a run a new display name; resolves with its RunSummary. */
+export async function renameRun(runId, name) {
+  return getJson(`/api/runs/${encodeURIComponent(runId)}`, {}, {
+    method: "PATCH", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ name }),
+  });
+}
+
+/** Delete a run and everything stored for it. */
+export async function deleteRun(runId) {
+  await request(`/api/runs/${encodeURIComponent(runId)}`, {}, { method: "DELETE" });
+}
+
+/**
+ * Download the run as CSV or JSON Lines, as `filename` when given (else the server's
+ * name). A plain link cannot carry the Authorization header, so the file is fetched and
+ * handed to the browser as a blob.
+ */
+export async function downloadExport(runId, format, filename = null) {
   const resp = await request(`/api/runs/${encodeURIComponent(runId)}/export`, { format });
   const blob = await resp.blob();
   const disp = resp.headers.get("Content-Disposition") || "";
   const m = /filename="?([^";]+)"?/.exec(disp);
-  const name = m ? m[1] : `${runId}.${format}`;
+  const name = filename || (m ? m[1] : `${runId}.${format}`);
   const a = document.createElement("a");
   a.href = URL.createObjectURL(blob);
   a.download = name;

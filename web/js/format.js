@@ -80,20 +80,6 @@ export function setText(target, text) {
   if (node && node.textContent !== s) node.textContent = s;
 }
 
-const KIND_LABELS = {
-  missed_reset: "missed reset",
-  cross_optimizer_leak: "cross-optimizer leak",
-  late_reset: "late reset",
-  discarded_accumulation: "discarded accumulation",
-  untrained_params: "untrained parameters",
-  idle_optimizer: "idle optimizer",
-};
-
-/** Human label of a finding kind (the raw kind stays visible in the UI as well). */
-export function kindLabel(kind) {
-  return KIND_LABELS[kind] ?? String(kind);
-}
-
 /** "steps 120–180" or "step 120". */
 export function stepRange(first, last) {
   return first === last ? `step ${count(first)}` : `steps ${count(first)}–${count(last)}`;

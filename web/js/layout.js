@@ -1,23 +1,24 @@
 /**
- * Layout of the main figure: three panels on one step axis (norm, drift, event strip),
- * colours from the page's CSS, the 1.0 drift line, finding shading and the step cursor.
+ * Layouts of the step-axis figures: the panels of panels.js on one step axis (plus, on the
+ * run chart, the event strip), colours from the page's CSS, the 1.0 drift line, finding
+ * bands and the step cursor.
  */
 
-import { EVENT_ROWS, N_ROWS } from "./events.js";
+import { EVENT_ROWS, ROW_INDEX } from "./events.js";
+import { findingKind } from "./kinds.js";
+import { PANELS, axisId, axisKey, panelDomains, panelIndex } from "./panels.js";
 
-const FINDING_COLORS = {
-  missed_reset: "rgba(242,109,109,0.13)",
-  late_reset: "rgba(227,161,59,0.15)",
-  cross_optimizer_leak: "rgba(181,140,255,0.15)",
-  discarded_accumulation: "rgba(217,123,208,0.13)",
-};
+/** Strip row pitch in pixels: room for an 11 px label per row. */
+const ROW_PX = 17;
+/** Left margin of the run chart: the strip's labels ("model.zero_grad()") fit in it. */
+export const STRIP_MARGIN = 124;
 
-function css(name, fallback) {
+export function css(name, fallback) {
   const v = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
   return v || fallback;
 }
 
-/** Plotly config of the main figure. */
+/** Plotly config of the step-axis figures. */
 export function chartConfig() {
   return {
     responsive: true,
@@ -28,7 +29,7 @@ export function chartConfig() {
   };
 }
 
-/** Show steps [a, b] (range) or the whole run (null); y axes always fit the data shown. */
+/** Show steps [a, b] (range) or the whole run (null). The y axes are fitted by panels.fitY. */
 export function applyRange(layout, range) {
   if (range) {
     layout.xaxis.range = [range[0], range[1]];
@@ -37,59 +38,112 @@ export function applyRange(layout, range) {
     layout.xaxis.autorange = true;
     delete layout.xaxis.range;
   }
-  for (const ax of ["yaxis", "yaxis2"]) layout[ax].autorange = true;
 }
 
-/** The figure's layout. */
-export function chartLayout(logScale, range, shapes) {
+function base(logScale, below, margin) {
   const text = css("--text", "#d8dee6");
   const muted = css("--muted", "#8b96a3");
   const grid = css("--line", "#2a323d");
   const axis = { gridcolor: grid, zerolinecolor: grid, linecolor: grid, tickfont: { color: muted } };
-  const yType = logScale ? "log" : "linear";
   const layout = {
     // Opaque, so an exported PNG looks like the page.
     paper_bgcolor: css("--panel", "#161b22"),
     plot_bgcolor: css("--panel", "#161b22"),
     font: { family: css("--font", "sans-serif"), size: 12, color: text },
-    margin: { l: 78, r: 16, t: 10, b: 40 },
+    margin: { l: margin, r: 16, t: 10, b: 40 },
     // The legend is HTML above the chart (legend.js): plotly's own legend is redrawn on
     // every extendTraces and costs a good part of each live frame.
     showlegend: false,
     hovermode: "x",
     hoverlabel: { bgcolor: "#1c232c", bordercolor: grid, font: { color: text } },
     dragmode: "zoom",
-    xaxis: { ...axis, anchor: "y3", title: { text: "optimizer step", font: { color: muted } },
+    xaxis: { ...axis, title: { text: "optimizer step", font: { color: muted } },
       showspikes: true, spikemode: "across", spikethickness: 1, spikecolor: muted },
-    yaxis: { ...axis, domain: [0.55, 1], type: yType, fixedrange: true, exponentformat: "power",
-      title: { text: "‖grad‖", font: { color: muted } } },
-    yaxis2: { ...axis, domain: [0.25, 0.51], type: yType, fixedrange: true,
-      rangemode: logScale ? "normal" : "tozero", title: { text: "drift", font: { color: muted } } },
-    yaxis3: { ...axis, domain: [0, 0.21], fixedrange: true, showgrid: false, zeroline: false,
-      range: [N_ROWS - 0.5, -0.5], tickmode: "array", tickvals: EVENT_ROWS.map((_, k) => k),
-      ticktext: EVENT_ROWS.map((r) => r[1]), tickfont: { color: muted, size: 9 } },
-    shapes,
   };
+  const domains = panelDomains(below);
+  PANELS.forEach((p, i) => {
+    layout[axisKey(i)] = {
+      ...axis, domain: domains[i], type: logScale ? "log" : "linear", fixedrange: true,
+      exponentformat: "power", rangemode: p.tozero && !logScale ? "tozero" : "normal",
+      title: { text: p.title, font: { color: muted } }, autorange: true,
+    };
+  });
+  return { layout, axis, muted };
+}
+
+/**
+ * The run chart's layout: the panels, and under them the event strip with one row per key
+ * of `rows` (the kinds of event the run has).
+ *
+ * @param {{logScale: boolean, range: number[]|null, shapes: object[], rows: string[],
+ *   height: number}} opts height: the graph div's height in pixels
+ */
+export function chartLayout({ logScale, range, shapes, rows, height }) {
+  const n = Math.max(1, rows.length);
+  const below = stripFraction(n, height);
+  const { layout, axis, muted } = base(logScale, below, STRIP_MARGIN);
+  const strip = axisKey(PANELS.length);
+  layout.xaxis.anchor = axisId(PANELS.length);
+  layout[strip] = {
+    ...axis, domain: [0, below], fixedrange: true, showgrid: false, zeroline: false,
+    range: [n - 0.5, -0.5], tickmode: "array", tickvals: rows.map((_, k) => k),
+    ticktext: rows.map((key) => EVENT_ROWS[ROW_INDEX.get(key)][1]),
+    tickfont: { color: muted, size: 11 }, automargin: false,
+  };
+  layout.shapes = shapes;
   applyRange(layout, range);
   return layout;
 }
 
-/** Translucent bands over each finding's steps (above the event strip). */
-export function findingShapes(findings) {
-  return findings.map((f) => ({
-    type: "rect", xref: "x", yref: "paper", x0: f.first_step - 0.5, x1: f.last_step + 0.5,
-    y0: 0.23, y1: 1, fillcolor: FINDING_COLORS[f.kind] || "rgba(242,109,109,0.12)",
-    line: { width: 0 }, layer: "below",
-  }));
+/** Height of an event strip of `n` rows, as a fraction of a figure `height` px high. */
+export function stripFraction(n, height) {
+  const plotH = Math.max(200, (height || 500) - 50);
+  return Math.min(0.35, (Math.max(1, n) * ROW_PX + 6) / plotH);
 }
 
-/** All shapes: the drift = 1 line, the finding bands and the player's step cursor. */
-export function chartShapes(bands, cursor) {
-  const one = {
-    type: "line", xref: "paper", x0: 0, x1: 1, yref: "y2", y0: 1, y1: 1,
+/** The compare chart's layout: the panels only, the step axis under the last one. */
+export function compareLayout({ logScale, range, shapes }) {
+  const { layout } = base(logScale, 0, 78);
+  layout.xaxis.anchor = axisId(PANELS.length - 1);
+  layout.shapes = shapes;
+  applyRange(layout, range);
+  return layout;
+}
+
+/** Top of the strip, as a fraction of the plot: where finding bands start. */
+function bandBottom(layout) {
+  const last = layout[axisKey(PANELS.length - 1)];
+  return last ? Math.max(0, last.domain[0] - 0.015) : 0;
+}
+
+/**
+ * A translucent band over each finding's steps (above the event strip), named
+ * `band:<kind>` so an export can label it; the selected finding's band is outlined.
+ */
+export function findingShapes(findings, layout, activeKey = null, keyOf = null) {
+  const y0 = layout ? bandBottom(layout) : 0.23;
+  return findings.map((f) => {
+    const kind = findingKind(f.kind);
+    const active = activeKey !== null && keyOf && keyOf(f) === activeKey;
+    return {
+      type: "rect", xref: "x", yref: "paper", x0: f.first_step - 0.5, x1: f.last_step + 0.5,
+      y0, y1: 1, fillcolor: kind.band, name: `band:${f.kind}`,
+      line: active ? { width: 1.5, color: kind.color } : { width: 0 }, layer: "below",
+    };
+  });
+}
+
+/** The drift = 1 line (the healthy level), on the drift panel. */
+export function driftOneLine() {
+  return {
+    type: "line", xref: "paper", x0: 0, x1: 1, yref: axisId(panelIndex("drift")), y0: 1, y1: 1,
     line: { color: "#8b96a3", width: 1, dash: "dash" }, layer: "below",
   };
-  const out = [one, ...bands];
+}
+
+/** All shapes of the run chart: the drift = 1 line, the finding bands, the step cursor. */
+export function chartShapes(bands, cursor) {
+  const out = [driftOneLine(), ...bands];
   if (cursor !== null) {
     out.push({ type: "line", xref: "x", x0: cursor, x1: cursor, yref: "paper", y0: 0,
       y1: 1, line: { color: "#d8dee6", width: 1 } });

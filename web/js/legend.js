@@ -1,37 +1,53 @@
 /**
- * The chart's legend, in HTML above the plot: plotly's own legend is redrawn on every
- * extendTraces and costs a good part of each live frame. Each entry toggles its line.
+ * The charts' legends, in HTML above the plot: plotly's own legend is redrawn on every
+ * extendTraces and costs a good part of each live frame. Each line's entry toggles it; the
+ * finding bands get an entry per kind saying what their colour means.
  */
 
 import { N_FIXED, STALE_OVERLAY } from "./events.js";
 import { el } from "./format.js";
+import { findingKind } from "./kinds.js";
+import { PANELS } from "./panels.js";
 
-/** Fill `box` with one entry per plotted line of `chart` (a MainChart). */
-export function renderLegend(box, chart, palette) {
+const STALE_HELP = "Steps that re-read gradients an earlier step had already used";
+const ONE_HELP = "Every gradient was reset before its backward";
+
+/** Fill `box` with the run chart's entries: its lines, then the band of each finding kind. */
+export function renderLegend(box, chart, perSeries) {
   const items = [];
   chart.order.forEach((key, pos) => {
     const s = chart.series.get(key);
-    const color = palette[pos % palette.length];
-    const base = N_FIXED + pos * 3;
-    const name = chart.series.size > 1 || s.rank ? chart.labelText(s) : s.opt;
-    items.push(item(chart, `${name} ‖grad‖`, color, "solid", [base], HELP.norm));
-    items.push(item(chart, `${name} fresh`, color, "dotted", [base + 1], HELP.fresh));
-    items.push(item(chart, `${name} drift`, color, "solid", [base + 2], HELP.drift));
+    const color = chart.colorOf(key);
+    const name = chart.labelText(s);
+    let i = N_FIXED + pos * perSeries;
+    for (const panel of PANELS) {
+      for (const spec of panel.traces) {
+        items.push(lineItem(chart, `${name} ${spec.label}`, color, spec.dash ? "dotted" : "solid",
+          [i++], spec.help));
+      }
+    }
   });
-  items.push(item(chart, "stale steps", "#f26d6d", "thick", [STALE_OVERLAY], HELP.stale));
-  items.push(item(chart, "drift = 1", "#8b96a3", "dashed", [], HELP.one));
+  items.push(lineItem(chart, "stale steps", "#f26d6d", "thick", [STALE_OVERLAY], STALE_HELP));
+  items.push(lineItem(chart, "drift = 1", "#8b96a3", "dashed", [], ONE_HELP));
+  items.push(...bandItems(chart.findingList.map((f) => f.kind)));
   box.replaceChildren(...items);
 }
 
-const HELP = {
-  norm: "Norm of the accumulated gradient each optimizer step read",
-  fresh: "Norm of what backward() added since the previous step",
-  drift: "‖grad‖ / fresh: 1.0 when every gradient was reset; climbs on a missed reset",
-  stale: "Steps that re-read gradients an earlier step had already used",
-  one: "Every gradient was reset before its backward",
-};
+/** One entry per finding kind present: its band colour and what the band marks. */
+export function bandItems(kinds) {
+  return [...new Set(kinds)].map((kind) => {
+    const k = findingKind(kind);
+    const item = el("span", { class: "lg band", title: `Band: ${k.means}`, dataset: { kind } });
+    const sw = el("span", { class: "sw-band" });
+    sw.style.background = k.band;
+    sw.style.borderColor = k.color;
+    item.append(sw, el("span", {}, `${k.label} band`));
+    return item;
+  });
+}
 
-function item(chart, text, color, style, traces, help) {
+/** A legend entry for plotted traces (toggles them), or a plain key when `traces` is empty. */
+export function lineItem(chart, text, color, style, traces, help) {
   const shown = !traces.some((t) => chart.hidden.has(t));
   const b = el("button", { type: "button", class: "lg", "aria-pressed": String(shown),
     title: traces.length ? `${help} (click to show or hide)` : help, disabled: !traces.length });
@@ -42,11 +58,7 @@ function item(chart, text, color, style, traces, help) {
     b.addEventListener("click", () => {
       const on = b.getAttribute("aria-pressed") !== "true";
       b.setAttribute("aria-pressed", String(on));
-      for (const t of traces) {
-        if (on) chart.hidden.delete(t);
-        else chart.hidden.add(t);
-      }
-      window.Plotly.restyle(chart.gd, { visible: on }, traces);
+      chart.setVisible(traces, on);
     });
   }
   return b;

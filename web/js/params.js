@@ -86,7 +86,7 @@ export class ParamsView {
     }
   }
 
-  /** Per (param, step) values of the chosen metric, transposed for plotly (rows = params). */
+  /** Per (param, step) values of a metric ("drift", "norm", "fresh"); rows = params. */
   matrix(metric) {
     const d = this.data;
     const nP = d.params.length, nS = d.step.length;
@@ -95,11 +95,8 @@ export class ParamsView {
       const norms = d.norm[j] || [], fresh = (d.fresh_norm && d.fresh_norm[j]) || [];
       for (let p = 0; p < nP; p++) {
         const n = plottable(norms[p]), f = plottable(fresh[p]);
-        let v = null;
-        if (metric === "drift") v = n !== null && f ? n / f : null;
-        else if (metric === "norm") v = n > 0 ? Math.log10(n) : null;
-        else v = f > 0 ? Math.log10(f) : null;
-        z[p][j] = v;
+        if (metric === "drift") z[p][j] = n !== null && f ? n / f : null;
+        else z[p][j] = metric === "norm" ? n : f;
       }
     }
     return z;
@@ -109,8 +106,8 @@ export class ParamsView {
     if (!this.data) return;
     const d = this.data;
     const metric = this.selMetric.value;
-    const z = this.matrix(metric);
-    const drift = metric === "drift" ? z : this.matrix("drift");
+    const raw = this.matrix(metric);
+    const drift = metric === "drift" ? raw : this.matrix("drift");
     this.rows = d.params.map((name, p) => {
       const vals = drift[p].filter((v) => v !== null);
       const lastNorm = lastFinite(d.norm.map((row) => plottable((row || [])[p])));
@@ -125,20 +122,17 @@ export class ParamsView {
     this.renderTable();
     const Plotly = await whenPlotly();
     const names = d.params.map((n) => plotText(n));
-    // Drift 1.0 (healthy) is dark; above it warms to orange and red, below (a reset that
-    // threw the fresh gradient away) turns blue.
-    const zmax = metric === "drift" ? Math.max(2, percentile(z.flat(), 0.98)) : undefined;
+    const scale = colorScale(metric, raw);
     const trace = {
-      type: "heatmap", x: d.step, y: names.map((_, i) => i), z, text: names.map((n) => d.step.map(() => n)),
-      colorscale: metric === "drift"
-        ? [[0, "#3d7cc9"], [1 / zmax, "#1b2430"], [Math.min(0.999, 1.5 / zmax), "#e3a13b"], [1, "#f26d6d"]]
-        : "Viridis",
-      zmin: metric === "drift" ? 0 : undefined,
-      // The 98th percentile, not the max: one extreme step would wash out everything else.
-      zmax,
-      hovertemplate: "%{text}<br>step %{x}<br>" + (metric === "drift" ? "drift" : `log10 ${metric}`) +
-        " %{z:.3g}<extra></extra>",
-      colorbar: { thickness: 10, tickfont: { color: "#8b96a3", size: 10 }, outlinewidth: 0 },
+      type: "heatmap", x: d.step, y: names.map((_, i) => i), z: scale.z, customdata: raw,
+      text: names.map((n) => d.step.map(() => n)),
+      colorscale: scale.colors, zmin: scale.zmin, zmax: scale.zmax,
+      hovertemplate: `%{text}<br>step %{x}<br>${metric === "fresh" ? "fresh norm" : metric}` +
+        " %{customdata:.4g}<extra></extra>",
+      colorbar: { thickness: 10, tickfont: { color: "#8b96a3", size: 10 }, outlinewidth: 0,
+        tickvals: scale.ticks.map((t) => t[0]), ticktext: scale.ticks.map((t) => t[1]),
+        title: { text: metric === "drift" ? "drift" : `${metric === "fresh" ? "fresh " : ""}norm`,
+          font: { color: "#8b96a3", size: 10 }, side: "right" } },
       xgap: 0, ygap: d.params.length < 40 ? 1 : 0,
     };
     const showNames = d.params.length <= 30;
@@ -219,9 +213,50 @@ function fillSelect(sel, items, keep) {
   sel.hidden = items.length <= 1 && sel.id === "sel-rank";
 }
 
-function percentile(values, q) {
-  const v = values.filter((x) => x !== null && Number.isFinite(x)).sort((a, b) => a - b);
-  return v.length ? v[Math.min(v.length - 1, Math.floor(q * v.length))] : 0;
+/**
+ * The heatmap's colours on a log10 scale from the smallest to the largest value there is,
+ * so small values stay apart and the top of the bar is the table's maximum (labelled as
+ * such). Drift is diverging at 1.0 (healthy, dark): above it warms to amber and red, below
+ * it (a reset threw the fresh gradient away) turns blue. Norms use Viridis.
+ */
+function colorScale(metric, raw) {
+  let lo = Infinity, hi = -Infinity;
+  for (const row of raw) {
+    for (const v of row) {
+      if (v !== null && v > 0 && Number.isFinite(v)) {
+        lo = Math.min(lo, v);
+        hi = Math.max(hi, v);
+      }
+    }
+  }
+  const z = raw.map((row) => row.map((v) => (v !== null && v > 0 ? Math.log10(v) : null)));
+  if (!(lo <= hi)) return { z, colors: "Viridis", zmin: 0, zmax: 1, ticks: [] };
+  let zmin = Math.log10(lo), zmax = Math.log10(hi);
+  let colors = "Viridis";
+  if (metric === "drift") {
+    zmin = Math.min(zmin, -0.05);
+    zmax = Math.max(zmax, Math.log10(2));
+    const at = (v) => (Math.log10(v) - zmin) / (zmax - zmin);
+    colors = [[0, "#3d7cc9"], [at(1), "#1b2430"], [at(1.5), "#e3a13b"], [1, "#f26d6d"]];
+    if (at(10) < 0.97 && at(10) > at(1.5)) colors.splice(3, 0, [at(10), "#f0803c"]);
+  } else if (zmax - zmin < 1e-9) {
+    zmin -= 0.5;
+    zmax += 0.5;
+  }
+  return { z, colors, zmin, zmax, ticks: logTicks(zmin, zmax, hi) };
+}
+
+/** Colour-bar ticks [log10 value, label]: 1-2-5 steps inside the range, and the max. */
+function logTicks(zmin, zmax, max) {
+  const out = [];
+  for (let e = Math.floor(zmin); e <= Math.ceil(zmax); e++) {
+    for (const m of zmax - zmin > 3 ? [1] : [1, 2, 5]) {
+      const v = m * 10 ** e, lv = Math.log10(v);
+      if (lv >= zmin && lv <= zmax - 0.08 * (zmax - zmin)) out.push([lv, fmt(v)]);
+    }
+  }
+  out.push([Math.log10(max), `max ${fmt(max)}`]);
+  return out;
 }
 
 function lastFinite(arr) {

@@ -1,6 +1,6 @@
 /**
- * The step player of a stored run: a slider over the run's steps with play/pause and
- * speed. The chosen step is drawn as a cursor across the charts and read out below them.
+ * The step player of a stored run: a slider over the run's steps with Play/Pause (of the
+ * playback; the toolbar's "Freeze chart" is what stops a live chart) and speed. The chosen step is drawn as a cursor across the charts and read out below them.
  * At 1× the whole run plays in about a minute, whatever its length.
  */
 
@@ -47,6 +47,30 @@ export class Player {
     }
   }
 
+  /**
+   * Enable the player over the steps of `series` (and of the zoom `range`) for a stored
+   * run; disable it for a live one. Returns true when enabled.
+   */
+  setupFor(series, live, range) {
+    let min = Infinity, max = -Infinity;
+    for (const s of series.values()) {
+      if (s.length) {
+        min = Math.min(min, s.step[0]);
+        max = Math.max(max, s.lastStep);
+      }
+    }
+    if (live || !(min <= max)) {
+      this.setup(false);
+      return false;
+    }
+    if (range) {
+      min = Math.min(min, Math.floor(range[0]));
+      max = Math.max(max, Math.ceil(range[1]));
+    }
+    this.setup(true, Math.max(0, min), max);
+    return true;
+  }
+
   toggle() {
     if (this.playing) this.stop();
     else this.start();
@@ -81,10 +105,9 @@ export class Player {
     this.play.textContent = "Play";
   }
 
-  /** Jump to a step (e.g. the first step of a clicked finding). */
-  seek(step) {
+  /** Move the slider to a step shown by other means (a clicked finding), not playing it. */
+  place(step) {
     this.pos = step;
     this.slider.value = String(step);
-    this.onStep(step);
   }
 }

@@ -1,19 +1,22 @@
 /**
  * A static canvas drawing of the run's first snapshot, shown while plotly.js (4.8 MB) is
  * still being evaluated: on a slow machine that takes over a second, and the snapshot is
- * usually there long before. Same panels and margins as the plotly figure, which replaces
- * it as soon as it is ready; it is not interactive.
+ * usually there long before. Same panels (panels.js) and margins as the plotly figure,
+ * which replaces it as soon as it is ready; it is not interactive.
  */
 
-const MARGIN = { l: 78, r: 16, t: 10, b: 40 };
-const PANELS = { norm: [0.55, 1], drift: [0.25, 0.51] };
-const FINDING_FILL = "rgba(242,109,109,0.13)";
+import { usedRows } from "./events.js";
+import { findingKind } from "./kinds.js";
+import { STRIP_MARGIN, stripFraction } from "./layout.js";
+import { PANELS, panelDomains } from "./panels.js";
+
+const MARGIN = { l: STRIP_MARGIN, r: 16, t: 10, b: 40 };
 
 /**
  * Draw series (Map key -> Series) and findings into a canvas placed in `host`.
  * @returns {HTMLCanvasElement} the canvas (remove it when the real chart is drawn)
  */
-export function drawPreview(host, series, findings, palette) {
+export function drawPreview(host, series, findings, colors) {
   const w = host.clientWidth, h = host.clientHeight;
   const dpr = window.devicePixelRatio || 1;
   const canvas = document.createElement("canvas");
@@ -38,17 +41,21 @@ export function drawPreview(host, series, findings, palette) {
   ctx.font = "11px system-ui, sans-serif";
   ctx.fillStyle = "#8b96a3";
 
+  const domains = panelDomains(stripFraction(usedRows(series.values()).length, h));
+  const bandTop = MARGIN.t, bandBottom = MARGIN.t + (1 - domains[domains.length - 1][0]) * ph;
   for (const f of findings) {
-    ctx.fillStyle = FINDING_FILL;
+    ctx.fillStyle = findingKind(f.kind).band;
     const a = X(f.first_step - 0.5), b = X(f.last_step + 0.5);
-    ctx.fillRect(a, MARGIN.t, Math.max(1, b - a), ph * 0.77);
+    ctx.fillRect(a, bandTop, Math.max(1, b - a), bandBottom - bandTop);
   }
 
-  for (const [field, [lo, hi]] of Object.entries(PANELS)) {
+  PANELS.forEach((panel, p) => {
+    const [lo, hi] = domains[p];
     const top = MARGIN.t + (1 - hi) * ph, bottom = MARGIN.t + (1 - lo) * ph;
-    let ymax = field === "drift" ? 1 : 0;
+    const cols = panel.traces.map((t) => t.column);
+    let ymax = panel.key === "drift" ? 1 : 0;
     for (const s of series.values()) {
-      for (const col of field === "norm" ? ["norm", "fresh"] : ["drift"]) {
+      for (const col of cols) {
         for (const v of s[col]) if (v !== null && v > ymax) ymax = v;
       }
     }
@@ -65,9 +72,9 @@ export function drawPreview(host, series, findings, palette) {
     ctx.translate(18, (top + bottom) / 2);
     ctx.rotate(-Math.PI / 2);
     ctx.textAlign = "center";
-    ctx.fillText(field === "norm" ? "‖grad‖" : "drift", 0, 0);
+    ctx.fillText(panel.title, 0, 0);
     ctx.restore();
-    if (field === "drift") {
+    if (panel.key === "drift") {
       ctx.setLineDash([5, 4]);
       ctx.strokeStyle = "#8b96a3";
       ctx.beginPath();
@@ -77,11 +84,12 @@ export function drawPreview(host, series, findings, palette) {
     }
     let k = 0;
     for (const s of series.values()) {
-      const color = palette[k++ % palette.length];
-      for (const col of field === "norm" ? ["norm", "fresh"] : ["drift"]) {
-        ctx.setLineDash(col === "fresh" ? [2, 3] : []);
+      const color = colors[k++];
+      for (const spec of panel.traces) {
+        const col = spec.column;
+        ctx.setLineDash(spec.dash ? [2, 3] : []);
         ctx.strokeStyle = color;
-        ctx.lineWidth = col === "fresh" ? 1.2 : 1.6;
+        ctx.lineWidth = spec.width;
         ctx.beginPath();
         let pen = false;
         const ys = s[col];
@@ -97,7 +105,7 @@ export function drawPreview(host, series, findings, palette) {
         ctx.stroke();
       }
     }
-  }
+  });
   ctx.setLineDash([]);
   ctx.fillStyle = "#8b96a3";
   ctx.textAlign = "left";

@@ -1,47 +1,52 @@
 /**
- * One open run: wires the run's live socket to the main chart, the findings panel, the
- * per-parameter view and the player, and owns follow-live, pause and zoom state.
+ * One open run: wires the run's live socket to the verdict, the main chart, the per-parameter
+ * view and the player; owns follow-live, freeze and zoom state and keeps it in the URL.
  */
 
-import { downloadExport, fetchSteps } from "./api.js";
+import { downloadExport } from "./api.js";
 import { MainChart } from "./charts.js";
-import { FindingsPanel } from "./findings.js";
-import { count, fmt, setText } from "./format.js";
+import { downloadFigure, fileStem, runFigure } from "./exporting.js";
+import { count, setText } from "./format.js";
+import { Announcer, showToast } from "./notices.js";
 import { ParamsView } from "./params.js";
 import { Player } from "./player.js";
-import { appendRows, ingest } from "./series.js";
-import { renderSummary, showToast } from "./summary.js";
+import { ingest } from "./series.js";
 import { LiveSocket } from "./socket.js";
+import { loadWindow, maxPoints, readoutText } from "./stepwindow.js";
+import { clearSummary, renderMissing, renderSampling, renderSummary } from "./summary.js";
+import { updateState } from "./urlstate.js";
+import { VerdictPanel, findingKey } from "./verdict.js";
 
 const $ = (id) => document.getElementById(id);
 const PARAMS_REFRESH_MS = 3000;
-
-/** Rows per series to ask for: about two per horizontal pixel of the chart. */
-function maxPoints() {
-  const w = $("chart").clientWidth || 1200;
-  return Math.max(500, Math.min(8000, Math.round(w * 2)));
-}
 
 export class RunView {
   /**
    * @param {string} runId
    * @param {(state: object) => void} onSocketState
+   * @param {{range: number[]|null, finding: string|null, log: boolean}} initial from the URL
    */
-  constructor(runId, onSocketState) {
+  constructor(runId, onSocketState, initial) {
     this.runId = runId;
     this.summary = null;
     this.optimizers = [];
     this.series = new Map();
-    this.findings = [];
-    this.range = null; // null = whole run
+    this.range = initial.range;
+    this.follow = !initial.range;
+    this.findingKey = initial.finding;
+    this.landOn = null; // a step to show once its window is loaded
+    this.restored = false; // the finding in the URL was selected (first snapshot)
+    this.held = 0; // steps received while the chart is frozen
     this.fetchSeq = 0;
     this.paramsTimer = null;
     this.cursorBusy = false;
     this.cursorNext = null;
     freshControls();
-    this.chart = new MainChart($("chart"), { onRange: (r, byUser) => this.onRange(r, byUser) },
-      $("legend"));
-    this.findingsPanel = new FindingsPanel($("findings"), (f) => this.pickFinding(f));
+    this.chart = new MainChart($("chart"), { onRange: (r) => this.onRange(r) }, $("legend"));
+    this.chart.logScale = initial.log;
+    $("chk-log").checked = initial.log;
+    this.verdict = new VerdictPanel($("findings"), (f) => this.pickFinding(f));
+    this.announcer = new Announcer($("notices"), (f) => this.verdict.pick(f));
     this.params = new ParamsView({
       heatmap: $("heatmap"), tbody: $("params-body"), table: $("params-table"),
       selOpt: $("sel-opt"), selRank: $("sel-rank"), selMetric: $("sel-metric"),
@@ -52,42 +57,46 @@ export class RunView {
     }, (step) => this.showStep(step));
     this.bindToolbar();
     this.resetDom();
-    this.socket = new LiveSocket("/ws/live", { run: runId, max_points: maxPoints() }, {
+    this.socket = new LiveSocket("/ws/live", { run: runId, max_points: maxPoints($("chart")) }, {
       snapshot: (f) => this.onSnapshot(f),
       steps: (f) => this.onSteps(f),
       findings: (f) => this.setFindings(f.findings || []),
       run: (f) => this.setSummary(f.run),
       optimizer: (f) => this.onOptimizer(f.optimizer),
+      deleted: () => this.showMissing(true),
       error: (f) => showToast(f.detail || f.message || "server error"),
-      gone: () => showToast(`The server has no run '${runId}' (yet); retrying.`),
+      gone: () => this.showMissing(false),
     }, onSocketState);
   }
 
   resetDom() {
-    $("welcome").hidden = true;
+    for (const v of ["welcome", "compare", "missing"]) $(v).hidden = true;
     $("run").hidden = false;
-    setText("run-name", this.runId);
-    setText("run-status", "");
-    $("run-facts").replaceChildren();
-    $("run-dropped").hidden = true;
-    this.findingsPanel.set([]);
-    setText("sampling", "");
+    clearSummary(this.runId);
+    this.verdict.set([]);
+    this.verdict.setSummary(null);
+  }
+
+  /** The server holds no such run (or it was just deleted). */
+  showMissing(deleted) {
+    renderMissing(this.runId, deleted);
   }
 
   bindToolbar() {
-    $("btn-follow").addEventListener("click", () => this.setFollow(!this.chart.follow));
-    $("btn-pause").addEventListener("click", () => this.setPaused(!this.chart.paused));
-    $("btn-reset").addEventListener("click", () => this.onRange(null, true));
-    $("chk-log").checked = false;
-    $("chk-log").addEventListener("change", (ev) => this.chart.setLogScale(ev.target.checked));
-    $("btn-png").addEventListener("click", () =>
-      this.chart.downloadPng(`gradwatch-${this.runId}`).catch((e) => showToast(String(e))));
-    for (const [id, fmtName] of [["btn-csv", "csv"], ["btn-jsonl", "jsonl"]]) {
-      $(id).addEventListener("click", () =>
-        downloadExport(this.runId, fmtName).catch((e) => showToast(`Export failed: ${e.message}`)));
+    $("btn-follow").addEventListener("click", () => this.toggleFollow());
+    $("btn-freeze").addEventListener("click", () => this.setFrozen(!this.chart.paused));
+    $("btn-reset").addEventListener("click", () => this.chart.zoomOut());
+    $("chk-log").addEventListener("change", (ev) => {
+      this.chart.setLogScale(ev.target.checked);
+      updateState({ log: ev.target.checked });
+    });
+    $("btn-png").addEventListener("click", () => this.downloadPng().catch((e) => showToast(String(e))));
+    for (const [id, ext] of [["btn-csv", "csv"], ["btn-jsonl", "jsonl"]]) {
+      $(id).addEventListener("click", () => downloadExport(this.runId, ext, `${this.stem()}.${ext}`)
+        .catch((e) => showToast(`Export failed: ${e.message}`)));
     }
-    this.setPaused(false);
-    this.setFollowButton(true);
+    this.setFrozen(false);
+    this.setFollowButton();
   }
 
   get live() {
@@ -98,20 +107,23 @@ export class RunView {
 
   async onSnapshot(f) {
     performance.mark("gradwatch:snapshot");
+    $("missing").hidden = true;
+    $("run").hidden = false;
     this.setSummary(f.run);
     this.optimizers = f.optimizers || [];
     this.params.setRun(this.runId, this.optimizers, f.run && f.run.ranks);
     this.series = new Map();
     ingest(f.steps, this.series);
-    this.setSampling(f.steps);
+    renderSampling(f.steps);
     this.setFindings(f.findings || []);
-    if (this.range) {
-      // Reconnected while zoomed: keep the user's window.
-      await this.chart.load(this.series, this.range);
-      this.refetch();
-    } else {
-      await this.chart.load(this.series, null);
-    }
+    const first = !this.restored;
+    this.restored = true;
+    if (first && this.findingKey) this.restoreFinding();
+    await this.chart.load(this.series, this.range);
+    // Zoomed (a reconnect, or a link with a window): fetch the window in full detail; the
+    // selected finding's step is shown once it is in.
+    if (this.range) this.refetch();
+    else this.land();
     this.updatePlayer();
     this.params.setRange(this.range);
     this.params.refresh();
@@ -121,6 +133,10 @@ export class RunView {
 
   onSteps(f) {
     const { added, created } = ingest(f.steps, this.series);
+    if (this.chart.paused) {
+      for (const { series, from } of added.values()) this.held += series.length - from;
+      this.setFrozen(true);
+    }
     if (added.size || created.length) this.chart.append(added, created);
   }
 
@@ -132,9 +148,9 @@ export class RunView {
   }
 
   setFindings(findings) {
-    this.findings = findings;
-    this.findingsPanel.set(findings);
-    this.chart.setFindings(findings);
+    this.announcer.update(findings);
+    this.verdict.set(findings);
+    this.chart.setFindings(findings, this.findingKey, findingKey);
   }
 
   setSummary(run) {
@@ -142,52 +158,47 @@ export class RunView {
     const wasLive = this.live;
     this.summary = run;
     renderSummary(run);
+    this.verdict.setSummary(run);
+    document.title = `${run.name || run.id} · gradwatch`;
     if (wasLive && !this.live) {
       // The run ended: its last steps are in; show the player and final parameter view.
+      this.follow = false;
       this.updatePlayer();
       this.params.refresh();
     }
-    $("btn-follow").disabled = !this.live;
-    if (!this.live) this.setFollowButton(false);
+    this.setFollowButton();
   }
 
-  setSampling(ss) {
-    if (!ss) return;
-    const text = ss.downsampled
-      ? `showing ${count(ss.step.length)} of ${count(ss.total)} rows (min/max per ${count(ss.bucket)} steps)`
-      : "";
-    setText("sampling", text);
+  // ---- follow, freeze, zoom -------------------------------------------------------------
+
+  setFollowButton() {
+    const b = $("btn-follow");
+    b.disabled = !this.live;
+    b.setAttribute("aria-pressed", String(this.live && this.follow));
   }
 
-  // ---- follow, pause, zoom ---------------------------------------------------------------
-
-  setFollowButton(on) {
-    $("btn-follow").setAttribute("aria-pressed", String(on));
+  /** Following: the step axis grows with the run. Off: it stays on the steps shown now. */
+  toggleFollow() {
+    if (this.follow) this.chart.zoomTo(...(this.chart.extent() || [0, 1]));
+    else this.chart.zoomOut();
   }
 
-  setFollow(on) {
-    this.chart.follow = on;
-    this.setFollowButton(on);
-    if (on) this.onRange(null, false);
+  /** Freeze: new steps are kept, not drawn, until unfrozen (a still chart to read). */
+  setFrozen(frozen) {
+    if (!frozen) this.held = 0;
+    this.chart.setPaused(frozen);
+    const b = $("btn-freeze");
+    b.setAttribute("aria-pressed", String(frozen));
+    b.textContent = frozen ? "Unfreeze chart" : "Freeze chart";
+    setText("held", frozen && this.held ? `${count(this.held)} new steps held` : "");
   }
 
-  setPaused(paused) {
-    this.chart.setPaused(paused);
-    const b = $("btn-pause");
-    b.setAttribute("aria-pressed", String(paused));
-    b.textContent = paused ? "Resume" : "Pause";
-  }
-
-  /** The step axis changed: null = whole run. Re-fetch the window, downsampled server-side. */
-  onRange(range, byUser) {
+  /** The step window changed (null: the whole run): re-fetch it, downsampled server-side. */
+  onRange(range) {
     this.range = range;
-    if (byUser && range) {
-      this.chart.follow = false;
-      this.setFollowButton(false);
-    } else if (!range && this.live) {
-      this.chart.follow = true;
-      this.setFollowButton(true);
-    }
+    this.follow = !range;
+    this.setFollowButton();
+    updateState({ zoom: range });
     this.params.setRange(range);
     clearTimeout(this.rangeTimer);
     this.rangeTimer = setTimeout(() => {
@@ -200,82 +211,58 @@ export class RunView {
     const seq = ++this.fetchSeq;
     const range = this.range;
     try {
-      const ss = await fetchSteps(this.runId, {
-        start: range ? Math.max(0, Math.floor(range[0])) : null,
-        end: range ? Math.ceil(range[1]) : null,
-        maxPoints: maxPoints(),
-      });
+      const { series, ss } = await loadWindow(this.runId, range, this.series, maxPoints($("chart")));
       if (seq !== this.fetchSeq) return;
-      const fresh = new Map();
-      ingest(ss, fresh);
-      // Rows that arrived live after this fetch was answered are kept.
-      for (const [key, s] of this.series) {
-        const f = fresh.get(key);
-        if (!f || range) continue;
-        for (let i = 0; i < s.length; i++) {
-          if (s.step[i] > f.lastStep) {
-            appendRows(s, i, fresh);
-            break;
-          }
-        }
-      }
-      this.series = fresh;
-      this.setSampling(ss);
+      this.series = series;
+      renderSampling(ss);
       await this.chart.load(this.series, range);
+      this.updatePlayer();
+      this.land();
     } catch (err) {
       showToast(`Could not load steps: ${err.message}`);
     }
   }
 
+  /** A finding picked in the verdict (or from the URL): its steps, and its first step. */
   pickFinding(f) {
+    this.findingKey = findingKey(f);
+    updateState({ finding: this.findingKey });
+    this.chart.setFindings(this.verdict.findings, this.findingKey, findingKey);
     const span = Math.max(1, f.last_step - f.first_step);
     const pad = Math.max(5, Math.round(span * 0.25));
+    this.landOn = f.first_step;
     this.chart.zoomTo(Math.max(0, f.first_step - pad), f.last_step + pad);
     // Findings name an optimizer by its label where it has one; the selector lists ids.
     const info = this.optimizers.find((o) => o.label === f.optimizer && (o.rank || 0) === (f.rank || 0));
     this.params.selectOptimizer(info ? info.opt : f.optimizer, f.rank || 0);
-    if (!this.live) this.player.seek(f.first_step);
+  }
+
+  /** Show the step a picked finding lands on, once its rows are loaded. */
+  land() {
+    if (this.landOn === null) return;
+    const step = this.landOn;
+    this.landOn = null;
+    this.showStep(step);
+  }
+
+  restoreFinding() {
+    const f = this.verdict.select(this.findingKey);
+    if (f) this.landOn = f.first_step;
   }
 
   // ---- stored-run player ------------------------------------------------------------------
 
-  primary() {
-    return this.series.values().next().value;
-  }
-
   updatePlayer() {
-    const s = this.primary();
-    if (this.live || !s || !s.length) {
-      this.player.setup(false);
-      return;
+    if (this.player.setupFor(this.series, this.live, this.range) && this.cursorNext === null &&
+        !this.cursorBusy) {
+      setText("readout", readoutText(this.series, Number($("slider").value)));
     }
-    let min = Infinity, max = -Infinity;
-    for (const x of this.series.values()) {
-      if (x.length) {
-        min = Math.min(min, x.step[0]);
-        max = Math.max(max, x.lastStep);
-      }
-    }
-    if (this.range) {
-      min = Math.min(min, Math.floor(this.range[0]));
-      max = Math.max(max, Math.ceil(this.range[1]));
-    }
-    this.player.setup(true, min, Math.max(min, this.summary ? Math.max(max, 0) : max));
-    this.showStep(Number($("slider").value));
   }
 
   /** Cursor and readout at a step (coalesced: at most one redraw in flight). */
   async showStep(step) {
-    const parts = [`step ${count(step)}`];
-    for (const s of this.series.values()) {
-      const i = s.nearest(step);
-      if (i < 0) continue;
-      const label = this.series.size > 1 ? `${s.opt}: ` : "";
-      const resets = (s.resets[i] || []).map((r) => r.how).join("+") || "no reset";
-      parts.push(`${label}‖g‖ ${fmt(s.norm[i])} fresh ${fmt(s.fresh[i])} drift ${fmt(s.drift[i])}` +
-        `${s.stale[i] ? ` stale ${s.stale[i]}` : ""} · ${resets}`);
-    }
-    setText("readout", parts.join("  |  "));
+    setText("readout", readoutText(this.series, step));
+    if (!this.live) this.player.place(step);
     this.cursorNext = step;
     if (this.cursorBusy) return;
     this.cursorBusy = true;
@@ -288,6 +275,23 @@ export class RunView {
     } finally {
       this.cursorBusy = false;
     }
+  }
+
+  // ---- exports ---------------------------------------------------------------------------
+
+  stem() {
+    return fileStem(this.summary ? this.summary.name : "", this.runId);
+  }
+
+  /** The figure an exported PNG draws for this run. */
+  pngFigure() {
+    return runFigure($("chart"), this.summary || { name: this.runId, id: this.runId },
+      this.verdict.findings.length);
+  }
+
+  async downloadPng() {
+    await this.chart.ready;
+    await downloadFigure(this.pngFigure(), this.stem());
   }
 
   // ---- parameter view refresh ---------------------------------------------------------------
@@ -308,6 +312,7 @@ export class RunView {
     this.player.stop();
     this.chart.destroy();
     this.params.clear();
+    this.announcer.clear();
   }
 }
 
@@ -316,7 +321,7 @@ export class RunView {
  * attached, so an old view's handlers never fire for a new run.
  */
 function freshControls() {
-  const ids = ["btn-follow", "btn-pause", "btn-reset", "btn-png", "btn-csv", "btn-jsonl", "chk-log",
+  const ids = ["btn-follow", "btn-freeze", "btn-reset", "btn-png", "btn-csv", "btn-jsonl", "chk-log",
     "btn-play", "sel-speed", "slider", "sel-opt", "sel-rank", "sel-metric"];
   for (const id of ids) {
     const old = $(id);

@@ -11,9 +11,15 @@
 
 import { num, plottable } from "./format.js";
 
+/**
+ * Plotted value columns of a Series -> the StepSeries column they come from. A new quantity
+ * per step (loss, learning rate) is one entry here and one panel trace in panels.js.
+ */
+export const VALUE_COLUMNS = { norm: "norm", fresh: "fresh_norm", drift: "drift" };
+
 const COLUMNS = [
-  "step", "norm", "fresh", "drift", "stale", "leaked", "late", "discarded", "skipped", "resets",
-  "keep",
+  "step", ...Object.keys(VALUE_COLUMNS), "stale", "leaked", "late", "discarded", "skipped",
+  "resets", "keep",
 ];
 
 /** Rows a downsampling bucket keeps at most (the server's ROWS_PER_BUCKET). */
@@ -105,9 +111,9 @@ export function ingest(ss, into) {
     if (step <= s.lastStep) continue;
     if (!added.has(key)) added.set(key, { series: s, from: s.length });
     s.step.push(step);
-    s.norm.push(plottable(ss.norm[i]));
-    s.fresh.push(plottable(ss.fresh_norm[i]));
-    s.drift.push(plottable(ss.drift[i]));
+    for (const [col, wire] of Object.entries(VALUE_COLUMNS)) {
+      s[col].push(ss[wire] ? plottable(ss[wire][i]) : null);
+    }
     s.stale.push(ss.stale ? ss.stale[i] : 0);
     s.leaked.push(ss.leaked ? ss.leaked[i] : 0);
     s.late.push(ss.late ? ss.late[i] : 0);

@@ -5,12 +5,18 @@
  * The run list and the open run each hold one `LiveSocket` (`/ws/live` and
  * `/ws/live?run=ID`). After a server restart a socket reconnects by itself; the server then
  * sends a fresh `runs` or `snapshot` frame, so handlers rebuild from it and nothing is lost.
+ * A run the server does not hold closes its socket with 4404: the `gone` handler is told,
+ * the state is "gone" (the server is up), and the socket looks again every few seconds.
  */
 
 import { wsUrl } from "./api.js";
 
 const BACKOFF_MIN_MS = 250;
 const BACKOFF_MAX_MS = 8000;
+/** The server's close code for a run it does not hold (server/ws_close.py NO_RUN). */
+const NO_RUN = 4404;
+/** How often to look again for a run the server does not hold (yet). */
+const GONE_RETRY_MS = 3000;
 
 export class LiveSocket {
   /**
@@ -28,12 +34,13 @@ export class LiveSocket {
     this.attempt = 0;
     this.timer = null;
     this.closed = false;
+    this.missing = false;
     this.connect();
   }
 
   connect() {
     if (this.closed) return;
-    this.onState({ state: "connecting" });
+    if (!this.missing) this.onState({ state: "connecting" });
     let ws;
     try {
       ws = new WebSocket(wsUrl(this.path, this.query));
@@ -44,17 +51,30 @@ export class LiveSocket {
     this.ws = ws;
     ws.onopen = () => {
       this.attempt = 0;
-      this.onState({ state: "open" });
+      // An unknown run's socket opens, then closes with 4404: "open" waits for its first
+      // frame, so the indicator does not flicker while the run is missing.
+      if (!this.missing) this.onState({ state: "open" });
     };
+    ws.addEventListener("message", () => {
+      if (this.missing) {
+        this.missing = false;
+        this.onState({ state: "open" });
+      }
+    }, { once: true });
     ws.onmessage = (ev) => this.dispatch(ev.data);
     ws.onclose = (ev) => {
       if (this.ws !== ws) return;
       this.ws = null;
       const reason = ev.reason || (ev.code === 1008 ? "access refused (check the token)" : "");
-      if (ev.code === 4404) {
-        // No such run (yet): say so, and keep looking slowly in case its probe starts.
+      if (ev.code === NO_RUN) {
+        // No such run (yet): the server is up, so this is not "offline". Say so, and keep
+        // looking slowly in case its probe starts (a replay prints the link first).
+        this.missing = true;
         if (this.handlers.gone) this.handlers.gone({ reason });
-        this.attempt = Math.max(this.attempt, 3);
+        this.onState({ state: "gone", reason });
+        clearTimeout(this.timer);
+        this.timer = setTimeout(() => this.connect(), GONE_RETRY_MS);
+        return;
       }
       this.scheduleReconnect(reason);
     };

@@ -1,6 +1,7 @@
 /**
- * The run header (name, status, facts, probe drops) and the corner toast. Both show wire
- * text, so both write it with textContent.
+ * The run header: name, status, facts, probe drops and how the steps shown were sampled;
+ * and the page that says a run is missing. They show wire text, so they write it with
+ * textContent.
  */
 
 import { count, duration, el, setText, when } from "./format.js";
@@ -40,12 +41,30 @@ export function renderSummary(run) {
   dropped.title = "The probe's queue was full and it had no spool: these records are lost.";
 }
 
-let toastTimer = 0;
-/** A short message in the corner (export failures, server errors). */
-export function showToast(text) {
-  const t = $("toast");
-  setText(t, text);
-  t.hidden = false;
-  clearTimeout(toastTimer);
-  toastTimer = setTimeout(() => { t.hidden = true; }, 6000);
+/** Empty the header for a run whose summary has not arrived yet. */
+export function clearSummary(runId) {
+  setText("run-name", runId);
+  setText("run-status", "");
+  $("run-facts").replaceChildren();
+  $("run-dropped").hidden = true;
+  setText("sampling", "");
+}
+
+/** How the rows on the chart were sampled (a StepSeries' bucket and totals). */
+export function renderSampling(ss) {
+  if (!ss) return;
+  setText("sampling", ss.downsampled
+    ? `showing ${count(ss.step.length)} of ${count(ss.total)} rows (min/max per ${count(ss.bucket)} steps)`
+    : "");
+}
+
+/** The server holds no run `runId` (or it was just deleted): say so, with a link back. */
+export function renderMissing(runId, deleted) {
+  $("run").hidden = true;
+  $("missing").hidden = false;
+  setText("missing-title", deleted ? "Run deleted" : "Run not found");
+  setText("missing-id", runId);
+  setText("missing-why", deleted ? " was deleted." : " is not on this server.");
+  document.title = `${deleted ? "Run deleted" : "Run not found"} · gradwatch`;
+  setText("crumb", "");
 }

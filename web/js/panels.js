@@ -1,0 +1,158 @@
+/**
+ * The panels on the charts' shared step axis, top to bottom, and the traces each draws from
+ * a Series column. The run chart, the compare chart, the canvas preview and the y-axis
+ * fitting all read this list: another quantity per step (the loss, the learning rate) is
+ * one more entry here plus its column in series.js (VALUE_COLUMNS).
+ */
+
+/**
+ * @typedef {object} TraceSpec
+ * @property {string} field   meta.field of the plotted trace (tests and benches read it)
+ * @property {string} column  the Series column it plots
+ * @property {string} label   its name in legends and hover
+ * @property {string} help    what it is, for the legend's tooltip
+ * @property {boolean} compare drawn for each run on the compare chart too
+ */
+export const PANELS = [
+  {
+    key: "norm", title: "‖grad‖", weight: 1.15, tozero: false,
+    traces: [
+      { field: "norm", column: "norm", label: "‖grad‖", width: 1.6, compare: true,
+        hover: "‖grad‖ %{y:.4g}",
+        help: "Norm of the accumulated gradient each optimizer step read" },
+      { field: "fresh_norm", column: "fresh", label: "fresh", width: 1.2, dash: "dot",
+        opacity: 0.75, compare: false, hover: "fresh %{y:.4g}",
+        help: "Norm of what backward() added since the previous step" },
+    ],
+  },
+  {
+    key: "drift", title: "drift", weight: 0.65, tozero: true,
+    traces: [
+      { field: "drift", column: "drift", label: "drift", width: 1.6, compare: true,
+        hover: "drift %{y:.3f}",
+        help: "‖grad‖ / fresh: 1.0 when every gradient was reset; climbs on a missed reset" },
+    ],
+  },
+];
+
+/** Gap between panels, as a fraction of the plot height. */
+const GAP = 0.04;
+
+/** Index of the panel with this key (-1 if none). */
+export function panelIndex(key) {
+  return PANELS.findIndex((p) => p.key === key);
+}
+
+/** The y axis a trace of panel i refers to: "y", "y2", ... */
+export function axisId(i) {
+  return i === 0 ? "y" : `y${i + 1}`;
+}
+
+/** The layout key of panel i's y axis: "yaxis", "yaxis2", ... */
+export function axisKey(i) {
+  return i === 0 ? "yaxis" : `yaxis${i + 1}`;
+}
+
+/**
+ * Vertical domains [bottom, top] of each panel, sharing what a strip of height `below`
+ * (a fraction of the plot, 0 for none) leaves, by weight.
+ */
+export function panelDomains(below = 0) {
+  const bottom = below > 0 ? below + GAP : 0;
+  const total = PANELS.reduce((a, p) => a + p.weight, 0);
+  const span = 1 - bottom - GAP * (PANELS.length - 1);
+  const out = [];
+  let top = 1;
+  for (const p of PANELS) {
+    const h = (span * p.weight) / total;
+    out.push([Math.max(0, top - h), top]);
+    top -= h + GAP;
+  }
+  return out;
+}
+
+/** Plotly traces of every panel for one series: `style(spec)` adds colour and names. */
+export function panelTraces(s, style, only = null) {
+  const out = [];
+  PANELS.forEach((panel, i) => {
+    for (const spec of panel.traces) {
+      if (only && !only(spec)) continue;
+      out.push({
+        type: "scatter", mode: "lines", xaxis: "x", yaxis: axisId(i),
+        x: s.step.slice(), y: s[spec.column].slice(),
+        ...style(spec, panel),
+      });
+    }
+  });
+  return out;
+}
+
+/**
+ * Per panel axis key ("yaxis", "yaxis2", ...), the y range that fits the points of
+ * `traces` inside the step window `range` ([lo, hi]), or null where plotly's autorange
+ * should fit (the whole run, or no point in the window). Plotly's autorange fits every
+ * point of a trace, including those outside the window: zoomed into a live run, the lines
+ * would read flat against the newest steps.
+ */
+export function fitY(traces, range, logScale) {
+  const out = new Map();
+  PANELS.forEach((panel, i) => {
+    const span = range ? extent(traces, axisId(i), range, logScale) : null;
+    out.set(axisKey(i), span ? padded(span, logScale, panel.tozero) : null);
+  });
+  return out;
+}
+
+/** Write fitted ranges (from fitY) into a layout object. */
+export function applyFit(layout, fits) {
+  for (const [key, r] of fits) {
+    if (!layout[key]) continue;
+    layout[key].autorange = r === null;
+    if (r === null) delete layout[key].range;
+    else layout[key].range = r;
+  }
+}
+
+/** The relayout update that moves a drawn figure's axes to fitted ranges (null: none). */
+export function fitUpdate(layout, fits) {
+  const update = {};
+  for (const [key, r] of fits) {
+    const ax = layout[key] || {};
+    if (r === null) {
+      if (!ax.autorange) update[`${key}.autorange`] = true;
+    } else if (ax.autorange || !ax.range || Math.abs(ax.range[0] - r[0]) > 1e-9 * (1 + Math.abs(r[0])) ||
+               Math.abs(ax.range[1] - r[1]) > 1e-9 * (1 + Math.abs(r[1]))) {
+      update[`${key}.range`] = r;
+      update[`${key}.autorange`] = false;
+    }
+  }
+  return Object.keys(update).length ? update : null;
+}
+
+function extent(traces, axis, [x0, x1], logScale) {
+  let lo = Infinity, hi = -Infinity;
+  for (const t of traces) {
+    if ((t.yaxis || "y") !== axis || t.visible === false || t.visible === "legendonly") continue;
+    const xs = t.x, ys = t.y;
+    for (let j = 0; j < xs.length; j++) {
+      const x = xs[j];
+      if (x === null || x < x0 || x > x1) continue;
+      const v = ys[j];
+      if (v === null || !Number.isFinite(v) || (logScale && v <= 0)) continue;
+      if (v < lo) lo = v;
+      if (v > hi) hi = v;
+    }
+  }
+  return lo <= hi ? [lo, hi] : null;
+}
+
+function padded([lo, hi], logScale, tozero) {
+  if (logScale) {
+    const a = Math.log10(lo), b = Math.log10(hi);
+    const pad = Math.max(0.05, (b - a) * 0.06);
+    return [a - pad, b + pad];
+  }
+  if (tozero && lo > 0) lo = 0;
+  const pad = hi > lo ? (hi - lo) * 0.06 : Math.max(Math.abs(hi) * 0.1, 0.5);
+  return [tozero && lo === 0 ? -pad * 0.25 : lo - pad, hi + pad];
+}
