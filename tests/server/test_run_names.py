@@ -72,7 +72,8 @@ def test_runs_created_under_one_name_get_distinct_names(client: TestClient) -> N
         recs[0] = synth.header(run, name="buggy (replay)")
         ingest(client, recs, run=run)
     text = synth.log_text(synth.records(run="a", steps=5))
-    assert client.post("/api/runs/import", content=text).status_code == 201
+    assert client.post("/api/runs/import", content=text,
+                       headers={"Content-Type": "application/x-ndjson"}).status_code == 201
     assert names(client) == {"a": "buggy (replay)", "b": "buggy (replay) (2)",
                              "c": "buggy (replay) (3)", "a-2": "a"}
     # a rename frees the name for the next run
