@@ -28,6 +28,8 @@ from gradwatch.wire import Site
 
 _USER, _SKIP, _FRAMEWORK = 0, 1, 2
 _SKIPPED = frozenset({"torch", "gradwatch", "functorch"})
+_OUR_USERS = frozenset({"gradwatch.demo"})
+"""gradwatch modules that are training code, not the probe: the demo's loop is its user's."""
 FRAMEWORKS = frozenset({"lightning", "pytorch_lightning", "lightning_fabric", "transformers",
                         "accelerate"})
 """Top-level packages that call backward, step and zero_grad on the user's behalf."""
@@ -41,7 +43,7 @@ def _kind(frame: FrameType) -> int:
     name = frame.f_globals.get("__name__")
     top = name.partition(".")[0] if isinstance(name, str) else ""
     if top in _SKIPPED:
-        return _SKIP
+        return _USER if name in _OUR_USERS else _SKIP
     return _FRAMEWORK if top in FRAMEWORKS else _USER
 
 
