@@ -398,8 +398,9 @@ def _places(kind: str, s: Step) -> list[tuple[str, int]]:
                 + [("backward", b) for b in (sites.lost if sites else ())] + step)
     if kind == "discarded_accumulation":
         return [("reset", r.site) for r in s.resets if r.discarded and r.site]
-    if kind == "missed_reset":
-        return step + [("backward", b) for b in (sites.stale if sites else ())]
+    if kind == "missed_reset":  # the loop's own backward first, then where the old came from
+        return step + [("backward", b) for b in (
+            [*sites.fresh, *sites.stale] if sites else ())]
     return [("backward", b) for b in (sites.leaked if sites else ())] + step
 
 

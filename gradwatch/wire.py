@@ -181,6 +181,9 @@ class StepSites(_Model):
     """Backward calls whose contributions leaked from another optimizer's step."""
     lost: list[SiteId] = Field(default_factory=list, max_length=64)
     """Backward calls whose contributions a reset threw away before the step."""
+    fresh: list[SiteId] = Field(default_factory=list, max_length=64)
+    """Backward calls whose contributions the step read fresh (the loop's own backward: a
+    missed reset's fix goes before it)."""
 
 
 class Step(_Record):

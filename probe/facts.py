@@ -115,6 +115,8 @@ class SiteFacts:
     leaked: AbstractSet[int] = frozenset()
     lost: AbstractSet[int] = frozenset()
     """Backwards whose contributions a reset threw away (late or discarded)."""
+    fresh: AbstractSet[int] = frozenset()
+    """Backwards whose contributions the step read fresh."""
 
 
 @dataclass(slots=True)

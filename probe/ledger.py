@@ -261,7 +261,8 @@ class Ledger:
             site_of = self.backwards.site_of
             facts.sites = SiteFacts(0, tally.stale_sites,
                                     {s for b in tally.leaked_bws if (s := site_of(b))},
-                                    {s for b in lost_bws if (s := site_of(b))})
+                                    {s for b in lost_bws if (s := site_of(b))},
+                                    {s for b in tally.bws if (s := site_of(b))})
         return facts
 
     def _fresh_params(self) -> set[int]:

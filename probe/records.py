@@ -166,7 +166,8 @@ def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: S
         "sites": None if sites is None else trusted(StepSites, {
             "step": sites.step or None, "stale": sorted(sites.stale)[:_MAX_SITES],
             "leaked": sorted(sites.leaked)[:_MAX_SITES],
-            "lost": sorted(sites.lost)[:_MAX_SITES]})})
+            "lost": sorted(sites.lost)[:_MAX_SITES],
+            "fresh": sorted(sites.fresh)[:_MAX_SITES]})})
 
 
 def host_norms(sample: NormSample | list[float]

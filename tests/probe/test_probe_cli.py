@@ -345,7 +345,9 @@ def _free_port() -> int:
 
 
 def test_torchrun_inside_gradwatch_run_shows_the_launch_that_works(tmp_path: Path) -> None:
-    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
+    # The ranks' own work does not matter here (only the launcher runs under the probe);
+    # a script with no process group keeps gloo's teardown out of this test.
+    (tmp_path / "ddp.py").write_text("import torch\nprint(torch.ones(1).item())\n")
     port = str(_free_port())
     r = _run(["run", "--log", "out.jsonl", "--", "torchrun", "--nproc_per_node", "2",
               "--master-port", port, "ddp.py"], tmp_path, timeout=240)
