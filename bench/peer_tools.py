@@ -28,7 +28,8 @@ PINS = {"wandb": "wandb==0.31.0", "tensorboard": "tensorboard==2.21.0",
         "lightning": "lightning==2.6.6"}
 """What is installed where a tool is missing: versions that install beside torch 2.13.0+cpu
 (``lightning`` is in the dev extra already)."""
-WRITES_NOTHING = {"lightning": "its norms go to whichever logger the Trainer has"}
+WRITES_NOTHING = {"lightning": "Lightning's grad_norm writes nothing itself: its norms go to "
+                              "whichever logger the Trainer has"}
 """The modes that write nothing themselves, and where their figures go instead."""
 LABELS = {
     "wandb": "wandb.watch(log='gradients', log_freq=1), offline",

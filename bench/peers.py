@@ -72,7 +72,7 @@ MODELS = {  # key: (name at batch 64, builder, default blocks, timed steps per b
     "many": ("200 x Linear(64,64)", _many, 80, 5, 2),
 }
 """The many-tensor model's steps take about five times as long: fewer, shorter blocks keep
-both within about 12 minutes with every tool."""
+both within about 8 to 12 minutes with every tool, as the machine's load goes."""
 EARLIER = {"wandb": ("x4.97", "x13.1"), "tensorboard": ("x11.5", "x29.5"),
            "lightning": ("x1.14", "x1.17")}
 """One-off figures measured before this bench, on the same kind of machine."""
@@ -252,9 +252,9 @@ def report_details(results: Results, modes: list[str]) -> None:
             per = t.wandb_core_cpu / t.watched_steps["wandb"] * 1e3
             print(f"    wandb's service process, another process (so in neither clock): "
                   f"{per:.2f} ms CPU per watched step")
-    for mode, where in WRITES_NOTHING.items():
+    for mode, why in WRITES_NOTHING.items():
         if mode in modes:
-            print(f"  {LABELS[mode]} writes nothing itself: {where}")
+            print(f"  {why}")
 
 
 def main() -> None:
@@ -263,7 +263,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=_positive, default=None,
                     help="interleaved blocks per model (default: "
                     + ", ".join(f"{v[2]} for {k}" for k, v in MODELS.items())
-                    + "; about 12 minutes for both)")
+                    + "; about 8 to 12 minutes for both)")
     ap.add_argument("--only", default=",".join(TOOLS),
                     help=f"comma-separated tools to measure (default: {','.join(TOOLS)})")
     ap.add_argument("--quick", action="store_true",
