@@ -24,6 +24,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/server_ingest.py
 	$(BIN)/python bench/dashboard.py
 	$(BIN)/python bench/startup.py
+	$(BIN)/python bench/peers.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-artifacts
