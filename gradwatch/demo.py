@@ -10,7 +10,6 @@ keeps running until Ctrl-C.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -24,6 +23,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from gradwatch.cliargs import CommandParser
 
 log = logging.getLogger("gradwatch.demo")
 
@@ -143,7 +144,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gradwatch demo", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="gradwatch demo", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADWATCH_PORT", 8765)))
     parser.add_argument("--data", type=Path, default=Path(os.environ.get(

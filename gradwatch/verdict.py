@@ -9,7 +9,8 @@ verdict can never disagree.
 
 Each finding names the lines involved (``where``), from the ``Site`` records its steps refer
 to, the line to change first: ``late_reset`` the reset, then the backward and the step;
-``missed_reset`` the step, then the backwards whose gradients it re-applied;
+``missed_reset`` the step, then the loop's own backward and the backwards whose gradients
+it re-applied;
 ``discarded_accumulation`` the reset that threw contributions away;
 ``cross_optimizer_leak`` the backward whose contributions leaked, then the step.
 """

@@ -187,7 +187,11 @@ class WatchHandle:
                               disabled=reason))
 
     def findings(self) -> list[Finding]:
-        """Findings so far (records already written by the writer thread)."""
+        """Findings of the records the writer thread has written so far.
+
+        Reads the writer thread's verdict: exact after :meth:`close`, or after
+        ``self.writer.settle()``; in between it may trail the loop by the writer's round.
+        """
         return self.writer.verdict.findings()
 
     def latest(self) -> Mapping[str, StepFigures]:

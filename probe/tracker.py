@@ -1,6 +1,7 @@
 """The tracker: attaches to optimizers and routes torch's events to their ledgers.
 
-Thread: training (hooks, step hooks and wrappers run in the user's training thread).
+Thread: training (step hooks and wrappers run in the user's training thread; on a GPU the
+autograd engine's device threads run the per-parameter hooks, which only append to a list).
 
 Hot path (per parameter, per backward): the hook is the bound ``append`` of its ledger's
 hooks' list, so a contribution costs the engine's call and no Python frame. Backward passes

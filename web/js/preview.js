@@ -1,8 +1,8 @@
 /**
- * A static canvas drawing of the run's first snapshot, shown while plotly.js (4.8 MB) is
- * still being evaluated: on a slow machine that takes over a second, and the snapshot is
- * usually there long before. Same panels (panels.js) and margins as the plotly figure,
- * which replaces it as soon as it is ready; it is not interactive.
+ * A static canvas drawing of the run's first snapshot, shown while plotly.js is still being
+ * evaluated (the snapshot usually arrives first; bench/dashboard.py times both). Same panels
+ * (panels.js) and margins as the plotly figure, which replaces it as soon as it is ready; it
+ * is not interactive.
  */
 
 import { usedRows } from "./events.js";
