@@ -4,10 +4,11 @@ zero_grad, told from an accumulation by the ``.grad`` objects and their versions
 Thread: training (the backward wrapper and the step hooks, through a ledger).
 
 Only *armed* optimizers pay for this: a step consumed their gradients and no reset of all of
-them followed (an optimizer's zero_grad, or a Module.zero_grad covering every parameter). For each backward started while armed the wrapper of
-``torch.autograd.backward`` takes the ``.grad`` state around the engine (:class:`ArmedBackward`,
-and :class:`PreCheck` for a zeroing that bumps no version); the ledger's next fold judges each
-contribution of that backward against it (:meth:`HandResets.landed`).
+them followed (an optimizer's zero_grad, or a Module.zero_grad covering every parameter).
+For each backward started while armed the wrapper of ``torch.autograd.backward`` takes the
+``.grad`` state around the engine (:class:`ArmedBackward`, and :class:`PreCheck` for a
+zeroing that bumps no version); the ledger's next fold judges each contribution of that
+backward against it (:meth:`HandResets.landed`).
 """
 
 from __future__ import annotations
