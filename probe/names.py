@@ -8,8 +8,9 @@ calling frames (:func:`from_frames`: locals, globals, and the attributes of ``se
 objects there) for the root modules that own the optimizer's parameters, and only where
 that finds none, in memory (:func:`from_live_modules`, a ``gc`` walk). When several root
 modules hold parameters (a GAN's generator and discriminator) names get the root's variable
-name as a prefix (``dec.0.weight``; the class name where no variable holds it). A parameter
-with no such name is named by :func:`unnamed`.
+name as a prefix (``dec.0.weight``; the class name where no variable holds it); in memory,
+only when the optimizer's own parameters span several roots, since memory also holds what
+earlier code left alive. A parameter with no such name is named by :func:`unnamed`.
 
 An optimizer's label (:func:`optimizer_label`) is the variable its creator stores it in,
 read from the bytecode right after the constructor call (the variable is not bound yet while
@@ -74,7 +75,9 @@ def _live_table(params: Sequence[torch.Tensor]) -> dict[torch.Tensor, str]:
     modules = [o for o in gc.get_objects() if issubclass(type(o), module_t)]
     children = {id(c) for m in modules for c in m.children()}
     roots = [(m, type(m).__name__) for m in modules if id(m) not in children]
-    return _root_names(params, roots)
+    # Memory holds whatever earlier code left alive: only roots owning these parameters
+    # may decide the prefix, or a name would depend on unrelated garbage.
+    return _root_names(params, roots, among_owners=True)
 
 
 _SKIP_PREFIXES = ("gradwatch.", "torch.")
@@ -151,10 +154,11 @@ def from_frames(params: Sequence[torch.Tensor],
     return _named(params, groups, table)
 
 
-def _root_names(params: Sequence[torch.Tensor],
-                roots: Sequence[tuple[torch.nn.Module, str]]) -> dict[torch.Tensor, str]:
+def _root_names(params: Sequence[torch.Tensor], roots: Sequence[tuple[torch.nn.Module, str]],
+                among_owners: bool = False) -> dict[torch.Tensor, str]:
     """Names of ``params`` under the given roots (``(module, label)``), prefixed by the
-    root's label when more than one root holds parameters."""
+    root's label when more than one root holds parameters (``among_owners``: more than one
+    root holds some of ``params``)."""
     wanted = set(params)
     owners: list[tuple[str, dict[torch.Tensor, str]]] = []
     roots_with_params = 0
@@ -165,7 +169,7 @@ def _root_names(params: Sequence[torch.Tensor],
         if mine:
             owners.append((label, mine))
     owners.sort(key=lambda o: -len(o[1]))
-    prefix = roots_with_params > 1
+    prefix = (len(owners) if among_owners else roots_with_params) > 1
     merged: dict[torch.Tensor, str] = {}
     for label, mine in owners:
         for p, n in mine.items():

@@ -103,6 +103,20 @@ def test_attributes_dict_entries_and_subclasses_are_named(tmp_path: Path) -> Non
         ("g_opt", "gen.0.weight"), ("opts['d']", "disc.0.weight"), ("mine", "gen.0.weight")]
 
 
+def test_a_module_found_in_memory_is_not_prefixed_because_of_unrelated_live_modules(
+        tmp_path: Path) -> None:
+    unrelated = [torch.nn.Linear(3, 3), torch.nn.Conv1d(1, 1, 1)]  # left alive by "earlier code"
+
+    def body() -> None:
+        hidden = [torch.nn.Linear(2, 2)]  # held only in a list: found in memory
+        opt = torch.optim.SGD(hidden[0].parameters(), lr=0.1)
+        assert opt
+
+    infos = _run_session(tmp_path, body)
+    assert infos[-1].params == ["weight", "bias"]
+    assert unrelated
+
+
 def test_no_variable_no_label_and_shared_labels_stay_unique(tmp_path: Path) -> None:
     w = torch.zeros(3, requires_grad=True)
 
