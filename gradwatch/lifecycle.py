@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gradwatch.wire import Finding, Holding, OptimizerInfo, Unowned
+from gradwatch.wire import Finding, Holding, OptimizerInfo, Unowned, param_names
 
 UNOWNED = "(no optimizer)"
 """The ``optimizer`` of an ``untrained_params`` finding: no optimizer holds them."""
@@ -175,4 +175,4 @@ class Lifecycle:
     def _names(self, stream: Stream, key: str, ks: list[int]) -> list[str]:
         info = self._infos.get((stream, key)) or self._infos.get(((0, None), key))
         names = info.params if info is not None else []
-        return [names[k] if k < len(names) else f"param{k}" for k in ks]
+        return param_names(names, ks)

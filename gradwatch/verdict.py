@@ -35,6 +35,7 @@ from gradwatch.wire import (
     Step,
     Unowned,
     Where,
+    param_names,
 )
 
 _MAX_WHERE = 12
@@ -114,11 +115,6 @@ def carries_facts(counts: Iterable[int]) -> bool:
 def has_finding_facts(step: Step) -> bool:
     """Whether a step carries a finding fact (:func:`carries_facts` of its counts)."""
     return carries_facts(fact_counts(step))
-
-
-def unnamed_param(index: int) -> str:
-    """The name a finding gives a parameter its optimizer record does not name."""
-    return f"param{index}"
 
 
 def _explain(kind: FindingKind, opt: str, n: int, first: int, g: _Group) -> str:
@@ -282,7 +278,7 @@ class Verdict:
         rank, worker = g.stream
         names = self._params.get((g.stream, g.opt)) or self._params.get(
             ((0, None), g.opt)) or []
-        params = [names[i] if i < len(names) else unnamed_param(i) for i in g.params]
+        params = param_names(names, g.params)
         opt = self._labels.get((g.stream, g.opt), g.opt)
         manual = (g.stream, g.opt) in self._manual
         where = [Where(role=role, file=site.file, line=site.line,  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ parser accepts and which these models read back as floats.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
@@ -109,6 +110,17 @@ class Header(_Record):
                 f"{sorted(SUPPORTED_VERSIONS)}); upgrade gradwatch to read this log"
             )
         return v
+
+
+def unnamed_param(index: int) -> str:
+    """The name of parameter ``index`` of an optimizer whose record does not name it."""
+    return f"param{index}"
+
+
+def param_names(names: Sequence[str], indices: Iterable[int]) -> list[str]:
+    """The names of parameters ``indices`` in an optimizer record's ``params`` list, each
+    :func:`unnamed_param` where the list does not reach it."""
+    return [names[k] if k < len(names) else unnamed_param(k) for k in indices]
 
 
 class OptimizerInfo(_Record):
@@ -416,7 +428,8 @@ def dump_record(record: BaseModel) -> str:
 
 
 def json_schema() -> dict[str, Any]:
-    """JSON Schema of records, ingest frames and findings, for the dashboard and docs."""
+    """JSON Schema of records, ingest batches and findings: the protocol documented for
+    other tools (``GET /api/schema`` adds the socket frames; the dashboard reads none)."""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "gradwatch wire protocol",

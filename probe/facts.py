@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from gradwatch.verdict import carries_facts
+
 if TYPE_CHECKING:
     import torch
 
@@ -156,10 +158,11 @@ class JudgedStep:
     """Set only on a step with a finding fact."""
 
     def has_findings(self) -> bool:
-        """Whether a finding fact is among them (the rule of
-        :func:`gradwatch.verdict.has_finding_facts`, on the facts)."""
+        """Whether a finding fact is among them (:func:`gradwatch.verdict.carries_facts` of
+        the counts :func:`gradwatch.verdict.fact_counts` reads off the record)."""
         tally = self.tally
-        return bool(tally.stale or tally.leaked or self.late or self.discarded_params)
+        return carries_facts((tally.stale, tally.leaked, len(self.late),
+                              len(self.discarded_params)))
 
 
 StepFacts = TextbookStep | JudgedStep

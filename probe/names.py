@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from gradwatch.wire import unnamed_param
+
 Namer = Callable[[Sequence[torch.Tensor], Sequence[int]], list[str]]
 """``namer(params, groups) -> names``: one name per parameter, ``groups[k]`` being
 parameter ``k``'s param group."""
@@ -38,7 +40,7 @@ def unnamed(groups: Sequence[int] | None, n: int) -> list[str]:
     parameter of param group ``g``; ``param{i}``, the ``i``-th of all, where the groups are
     not known (``groups`` None)."""
     if groups is None:
-        return [f"param{i}" for i in range(n)]
+        return [unnamed_param(i) for i in range(n)]
     seen: dict[int, int] = {}
     out = []
     for g in groups:
