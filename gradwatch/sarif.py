@@ -20,9 +20,9 @@ from typing import Any
 from urllib.parse import quote
 
 from gradwatch import __version__
+from gradwatch.fixes import generic_fix
 from gradwatch.locations import primary
 from gradwatch.steplog import StepLog
-from gradwatch.verdict import generic_fix
 from gradwatch.wire import FINDING_KINDS, Finding, Where
 
 SCHEMA = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"

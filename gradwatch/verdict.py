@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gradwatch.lifecycle import IDLE_FIX, UNTRAINED_FIX, Lifecycle
-from gradwatch.locations import at, located_fix
+from gradwatch.fixes import explain, fix_of
+from gradwatch.lifecycle import Lifecycle
 from gradwatch.wire import (
     End,
     Finding,
@@ -50,57 +50,9 @@ FINDING_FACTS: tuple[str, ...] = ("stale", "leaked", "late", "discarded")
 The server's step rows and ``steps`` table use these names for the same counts.
 """
 
-_FIX: dict[FindingKind, str] = {
-    "missed_reset": (
-        "Clear gradients once per optimizer step: call optimizer.zero_grad() before "
-        "loss.backward() (or right after optimizer.step()), for every optimizer and "
-        "inside the closure for LBFGS."
-    ),
-    "cross_optimizer_leak": (
-        "Clear this optimizer's gradients before the backward it should step on "
-        "(d_opt.zero_grad() right before d_loss.backward()), or keep the other loss "
-        "from reaching these parameters (detach() the input, or requires_grad_(False))."
-    ),
-    "late_reset": (
-        "Move zero_grad() out from between loss.backward() and optimizer.step(): reset "
-        "before the backward (or after the step), never between them."
-    ),
-    "discarded_accumulation": (
-        "Reset only after the step that closes the accumulation window: "
-        "if (i + 1) % accum == 0: optimizer.step(); optimizer.zero_grad()."
-    ),
-    "untrained_params": UNTRAINED_FIX,
-    "idle_optimizer": IDLE_FIX,
-}
-_MANUAL_FIX: dict[str, str] = {
-    "missed_reset": (
-        "Clear the gradients after each update by hand, before the next loss.backward(): "
-        "model.zero_grad() (or p.grad = None / p.grad.zero_() for every parameter you update)."
-    ),
-    "cross_optimizer_leak": (
-        "Clear these parameters' gradients (model.zero_grad()) before the backward they "
-        "should be updated on, or keep the other loss from reaching them (detach() the input)."
-    ),
-    "late_reset": (
-        "Update the parameters before clearing their gradients: loss.backward(), then the "
-        "update by hand, then model.zero_grad()."
-    ),
-    "discarded_accumulation": (
-        "Clear the gradients only after the update that closes the accumulation window: "
-        "if (i + 1) % accum == 0: update by hand; then model.zero_grad()."
-    ),
-}
-"""Fixes for the virtual optimizer ``manual`` (parameters updated by hand, no optimizer)."""
-
-
 def fact_counts(step: Step) -> tuple[int, int, int, int]:
     """A step's :data:`FINDING_FACTS` counts, in that order."""
     return step.stale, step.leaked, len(step.late_params), step.discarded
-
-
-def generic_fix(kind: str) -> str:
-    """The fix of a finding kind when no line of it is known ("" for an unknown kind)."""
-    return _FIX.get(kind, "")  # type: ignore[call-overload]
 
 
 def carries_facts(counts: Iterable[int]) -> bool:
@@ -115,35 +67,6 @@ def carries_facts(counts: Iterable[int]) -> bool:
 def has_finding_facts(step: Step) -> bool:
     """Whether a step carries a finding fact (:func:`carries_facts` of its counts)."""
     return carries_facts(fact_counts(step))
-
-
-def _explain(kind: FindingKind, opt: str, n: int, first: int, g: _Group) -> str:
-    steps = f"{n} step{'s' if n != 1 else ''} from step {first}"
-    stats = g.counts
-    if kind == "missed_reset":
-        worst = ""
-        if g.worst_consumed > g.worst_fresh:
-            fresh = g.worst_fresh or "none"
-            worst = (f"; at worst, step {g.worst_step} read {g.worst_consumed} gradient "
-                     f"contributions where {fresh} {'was' if fresh == 1 else 'were'} fresh")
-        return (
-            f"{opt} re-applied gradients it had already stepped on, over {steps}, so each "
-            f"update repeats old ones ({stats['stale']} stale contributions{worst})."
-        )
-    if kind == "cross_optimizer_leak":
-        return (
-            f"{opt} stepped on gradients left by a backward that another optimizer had "
-            f"already stepped on: {stats['leaked']} leaked contributions over {steps}."
-        )
-    if kind == "late_reset":
-        return (
-            f"{opt} stepped with no fresh gradient: a reset between backward() and step() "
-            f"threw it away ({steps}); the optimizer updated on zeros or not at all."
-        )
-    return (
-        f"A reset threw away {stats['discarded']} gradient contributions before {opt} "
-        f"stepped on them ({steps}): each step used only part of its accumulation window."
-    )
 
 
 Stream = tuple[int, int | None]
@@ -285,13 +208,9 @@ class Verdict:
                        function=site.function)
                  for role, sid in g.where if (site := self._sites.get((g.stream, sid)))
                  and not (manual and role == "step")]  # seen at a boundary, not its line
-        if manual:
-            message = _explain(g.kind, f"{opt} (the updates by hand)", g.steps, g.first_step,
-                               g)
-            fix = _manual_fix(g.kind, where)
-        else:
-            message = _explain(g.kind, opt, g.steps, g.first_step, g)
-            fix = located_fix(g.kind, opt, where, g.reset_how) or _FIX[g.kind]
+        message = explain(g.kind, f"{opt} (the updates by hand)" if manual else opt, g.steps,
+                          g.first_step, g.counts, (g.worst_step, g.worst_consumed, g.worst_fresh))
+        fix = fix_of(g.kind, opt, where, g.reset_how, manual)
         return Finding(
             kind=g.kind,
             optimizer=opt,
@@ -363,18 +282,6 @@ class Verdict:
                         for (r, w), st in sorted(self._streams.items(),
                                                  key=lambda x: (x[0][0], x[0][1] or 0))],
         }
-
-
-def _manual_fix(kind: FindingKind, where: list[Where]) -> str:
-    """The fix of a finding on the virtual optimizer ``manual``, naming the backward line
-    where one is known (the update by hand itself has no call to name)."""
-    fix = _MANUAL_FIX[kind]
-    b = next((w for w in where if w.role == "backward"), None)
-    if kind == "missed_reset" and b is not None:
-        return (f"Clear the gradients after each update by hand, before loss.backward() at "
-                f"{at(b)}: model.zero_grad() (or p.grad = None / p.grad.zero_() for every "
-                f"parameter you update).")
-    return fix
 
 
 def stream_name(stream: Stream) -> str:
