@@ -286,8 +286,9 @@ _PACKED = ("param_norms", "param_fresh_norms", "lr")
 
 
 def _version(info: ValidationInfo) -> int:
-    """The version the input was written at: the validation context's ``v``; 1 without
-    one (pydantic's own JSON of a model, every field written, reads the same at 1 and 2)."""
+    """The version the input was written at: the validation context's ``v``. Without one
+    (a model built in Python, pydantic's own JSON) 1: every field left out takes its
+    default."""
     ctx = info.context
     return ctx.get("v", 1) if isinstance(ctx, dict) else 1
 
@@ -505,14 +506,15 @@ def _parse_nonfinite(v: Any) -> Any:
     return v
 
 
-def parse_record(line: str | bytes, v: int = 1) -> Any:
+def parse_record(line: str | bytes, v: int) -> Any:
     """Parse one JSON line into a record model.
 
     Args:
         line: the record's JSON.
         v: the protocol version it was written at: its log's header's ``v``, its frame's
-            ``v`` (never guessed from the line). A line pydantic wrote from a model, every
-            field present, reads the same at any version.
+            ``v``; never guessed from the line. (A line pydantic wrote from a model with
+            every field present reads the same at any version; one written without its
+            ``None`` fields reads right only at 1.)
 
     Raises:
         pydantic.ValidationError: the line is not valid JSON or not a valid record; its

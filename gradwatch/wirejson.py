@@ -12,7 +12,6 @@ thread's unrolled copy for the fields known today, held equal to it by tests.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from pydantic import BaseModel
