@@ -19,12 +19,14 @@ from pydantic import BaseModel
 from gradwatch import encoding
 from gradwatch.wire import Reset, Step, StepSites
 
-_RANGES = {(Step, "stale_params"), (Step, "leaked_params"), (Step, "late_params"),
+_Field = tuple[type[BaseModel], str]
+_RANGES: set[_Field] = {(Step, "stale_params"), (Step, "leaked_params"), (Step, "late_params"),
            (Step, "discarded_params"), (Reset, "params")}
 """Index lists, written as ranges."""
-_PACKED = {(Step, "param_norms"), (Step, "param_fresh_norms"), (Step, "lr")}
+_PACKED: set[_Field] = {(Step, "param_norms"), (Step, "param_fresh_norms"), (Step, "lr")}
 """Per-parameter (or per-group) floats, packed."""
-_IMPLIED = {(Step, "fresh_norm"): "norm", (Step, "param_fresh_norms"): "param_norms"}
+_IMPLIED: dict[_Field, str] = {(Step, "fresh_norm"): "norm",
+                               (Step, "param_fresh_norms"): "param_norms"}
 """Left out when equal to the field named."""
 _COMPACT = (Step, Reset, StepSites)
 """Models written in version 2's forms (defaults left out); the others are written whole."""
