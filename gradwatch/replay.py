@@ -88,7 +88,7 @@ def retimed(records: Iterable[Any], t0: float, start: float, speed: float | None
         yield start + offset if speed else start, r.model_copy(update=update)
 
 
-def _validate(path: str) -> tuple[Any, int, int, list[str]]:
+def validating_pass(path: str) -> tuple[Any, int, int, list[str]]:
     """The validating pass: ``(header, records, last seq, warnings)``.
 
     Raises:
@@ -112,7 +112,7 @@ def main(argv: Sequence[str]) -> int:
               file=sys.stderr)
         return 2
     try:
-        header, n, last_seq, warnings = _validate(a.log)
+        header, n, last_seq, warnings = validating_pass(a.log)
     except StepLogError as e:
         print(f"gradwatch replay: {e}", file=sys.stderr)
         return 2
