@@ -2,8 +2,9 @@
 
 A version-2 step leaves out what a reader can rebuild (see ``docs/design.md``, "Versions")
 and packs what is bulky. This module owns both directions of each form, so the writer
-(:mod:`gradwatch.wirejson`) and the reader (the models of :mod:`gradwatch.wire`) cannot
-disagree. It imports nothing of gradwatch.
+(:mod:`gradwatch.wirejson`) and the reader (:func:`step_at_v1`, which the models of
+:mod:`gradwatch.wire` call on a version-2 step) cannot disagree. It imports nothing of
+gradwatch.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import sys
 from array import array
 from collections.abc import Sequence
+from typing import Any
 
 MAX_ITEMS = 100_000
 """The most indices an index list, and the most entries a packed array, may hold: the
@@ -155,3 +157,61 @@ def unpack(text: str) -> list[float | None]:
             raise FormError(f"missing index {i} is past the array's {len(out)} entries")
         out[i] = None
     return out
+
+
+def nonfinite(v: Any) -> Any:
+    """``v``, or the float a JSON string for NaN or an infinity stands for (``"NaN"``,
+    ``"Infinity"``, ``"-Infinity"``: how non-finite numbers travel)."""
+    if isinstance(v, str):
+        low = v.strip().lower()
+        if low in ("nan", "infinity", "+infinity", "-infinity", "inf", "-inf"):
+            return float(low.replace("infinity", "inf"))
+    return v
+
+
+INDEX_LISTS = ("stale_params", "leaked_params", "late_params", "discarded_params")
+"""A step's index lists (and each reset's ``params``): written as ranges."""
+PACKED = ("param_norms", "param_fresh_norms", "lr")
+"""A step's per-parameter (or per-group) floats: written packed."""
+IMPLIED = {"fresh_norm": "norm", "param_fresh_norms": "param_norms"}
+"""A step's fields left out when they equal the field named (``drift``: :func:`implied_drift`)."""
+
+
+def step_at_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-2 step's JSON object as version 1 writes it: implied values filled in,
+    ranges and packed arrays expanded; what is not a version-2 form is left for the model
+    to validate.
+
+    Raises:
+        FormError: a range or a packed array cannot be read; the message names the field.
+    """
+    d = dict(data)
+    k = ""
+    try:
+        for k in INDEX_LISTS:
+            if isinstance(d.get(k), str):
+                d[k] = expand(d[k])
+        for k in PACKED:
+            if isinstance(d.get(k), str):
+                d[k] = unpack(d[k])
+        k = "resets"
+        resets = d.get(k)
+        if isinstance(resets, list):
+            d[k] = [{**r, "params": expand(r["params"])}
+                    if isinstance(r, dict) and isinstance(r.get("params"), str) else r
+                    for r in resets]
+    except FormError as e:
+        raise FormError(f"{k}: {e}") from None
+    for k, by in IMPLIED.items():
+        if k not in d:
+            same_as = d.get(by)
+            d[k] = list(same_as) if isinstance(same_as, list) else same_as
+    if "drift" not in d:
+        norm, fresh = nonfinite(d.get("norm")), nonfinite(d["fresh_norm"])
+        if _is_number(norm) and _is_number(fresh):
+            d["drift"] = implied_drift(float(norm), float(fresh))
+    return d
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)

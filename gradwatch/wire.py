@@ -265,24 +265,23 @@ class Step(_Record):
     @classmethod
     def _v2_forms(cls, data: Any, info: ValidationInfo) -> Any:
         if isinstance(data, dict) and _version(info) >= 2:
-            return _expand_step(data)
+            try:
+                return encoding.step_at_v1(data)
+            except encoding.FormError as e:
+                raise ValueError(str(e)) from None
         return data
 
     @field_validator("norm", "fresh_norm", "drift", "loss", mode="before")
     @classmethod
     def _nonfinite_from_strings(cls, v: Any) -> Any:
-        return _parse_nonfinite(v)
+        return encoding.nonfinite(v)
 
     @field_validator("param_norms", "param_fresh_norms", "lr", mode="before")
     @classmethod
     def _nonfinite_list(cls, v: Any) -> Any:
         if isinstance(v, list):
-            return [_parse_nonfinite(x) for x in v]
+            return [encoding.nonfinite(x) for x in v]
         return v
-
-
-_INDEX_LISTS = ("stale_params", "leaked_params", "late_params", "discarded_params")
-_PACKED = ("param_norms", "param_fresh_norms", "lr")
 
 
 def _version(info: ValidationInfo) -> int:
@@ -291,42 +290,6 @@ def _version(info: ValidationInfo) -> int:
     default."""
     ctx = info.context
     return ctx.get("v", 1) if isinstance(ctx, dict) else 1
-
-
-def _expand_step(data: dict[str, Any]) -> dict[str, Any]:
-    """A version-2 step's fields as version 1 writes them: implied values filled in, index
-    ranges and packed arrays expanded (see :mod:`gradwatch.encoding`)."""
-    d = dict(data)
-    k = ""
-    try:
-        for k in _INDEX_LISTS:
-            if isinstance(d.get(k), str):
-                d[k] = encoding.expand(d[k])
-        for k in _PACKED:
-            if isinstance(d.get(k), str):
-                d[k] = encoding.unpack(d[k])
-        k = "resets"
-        resets = d.get(k)
-        if isinstance(resets, list):
-            d[k] = [{**r, "params": encoding.expand(r["params"])}
-                    if isinstance(r, dict) and isinstance(r.get("params"), str) else r
-                    for r in resets]
-    except encoding.FormError as e:
-        raise ValueError(f"{k}: {e}") from None
-    if "fresh_norm" not in d:
-        d["fresh_norm"] = d.get("norm")
-    if "param_fresh_norms" not in d:
-        pn = d.get("param_norms")
-        d["param_fresh_norms"] = list(pn) if isinstance(pn, list) else pn
-    if "drift" not in d:
-        norm, fresh = _parse_nonfinite(d.get("norm")), _parse_nonfinite(d["fresh_norm"])
-        if _is_number(norm) and _is_number(fresh):
-            d["drift"] = encoding.implied_drift(float(norm), float(fresh))
-    return d
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 class Unowned(_Record):
@@ -411,7 +374,7 @@ class Scalars(_Record):
     @classmethod
     def _nonfinite_values(cls, v: Any) -> Any:
         if isinstance(v, dict):
-            return {k: _parse_nonfinite(x) for k, x in v.items()}
+            return {k: encoding.nonfinite(x) for k, x in v.items()}
         return v
 
 
@@ -498,12 +461,6 @@ class Finding(_Model):
     """The worker process (see :attr:`Header.worker`) the finding is in, if any."""
 
 
-def _parse_nonfinite(v: Any) -> Any:
-    if isinstance(v, str):
-        low = v.strip().lower()
-        if low in ("nan", "infinity", "+infinity", "-infinity", "inf", "-inf"):
-            return float(low.replace("infinity", "inf"))
-    return v
 
 
 def parse_record(line: str | bytes, v: int) -> Any:

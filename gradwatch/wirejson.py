@@ -20,14 +20,9 @@ from gradwatch import encoding
 from gradwatch.wire import Reset, Step, StepSites
 
 _Field = tuple[type[BaseModel], str]
-_RANGES: set[_Field] = {(Step, "stale_params"), (Step, "leaked_params"), (Step, "late_params"),
-           (Step, "discarded_params"), (Reset, "params")}
-"""Index lists, written as ranges."""
-_PACKED: set[_Field] = {(Step, "param_norms"), (Step, "param_fresh_norms"), (Step, "lr")}
-"""Per-parameter (or per-group) floats, packed."""
-_IMPLIED: dict[_Field, str] = {(Step, "fresh_norm"): "norm",
-                               (Step, "param_fresh_norms"): "param_norms"}
-"""Left out when equal to the field named."""
+_RANGES: set[_Field] = {(Step, k) for k in encoding.INDEX_LISTS} | {(Reset, "params")}
+_PACKED: set[_Field] = {(Step, k) for k in encoding.PACKED}
+_IMPLIED: dict[_Field, str] = {(Step, k): by for k, by in encoding.IMPLIED.items()}
 _COMPACT = (Step, Reset, StepSites)
 """Models written in version 2's forms (defaults left out); the others are written whole."""
 _str = json.JSONEncoder(ensure_ascii=False).encode
