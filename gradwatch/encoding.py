@@ -55,7 +55,12 @@ def same_list(a: Sequence[float | None] | None, b: Sequence[float | None] | None
     """:func:`same` for two lists (or None), entry by entry."""
     if a is None or b is None:
         return a is b
-    return a is b or (len(a) == len(b) and all(map(same, a, b)))
+    if a is b:
+        return True
+    if len(a) != len(b):
+        return False
+    # Equal lists in C are the same unless a zero hides its sign; NaN takes the slow way.
+    return (a == b and 0.0 not in a) or all(map(same, a, b))
 
 
 def ranges(indices: Sequence[int]) -> str:
@@ -105,10 +110,11 @@ def expand(text: str) -> list[int]:
 
 def _is_f32(values: Sequence[float]) -> bool:
     try:
-        a = array("f", values)
+        a = array("f", values).tolist()
     except OverflowError:  # a finite value past float32's range
         return False
-    return all(map(same, a.tolist(), values))
+    # A list compare runs in C; it fails on NaN (NaN != NaN), which the slow way settles.
+    return a == values or all(map(same, a, values))
 
 
 def pack(values: Sequence[float | None]) -> str:
@@ -116,7 +122,7 @@ def pack(values: Sequence[float | None]) -> str:
     float32, so nothing is rounded) and the base64 of little-endian IEEE floats, then
     ``"!"`` and the indices of missing (None) entries as :func:`ranges`. NaN and infinities
     are ordinary values."""
-    missing = [i for i, x in enumerate(values) if x is None]
+    missing = [i for i, x in enumerate(values) if x is None] if None in values else []
     filled: list[float] = ([0.0 if x is None else x for x in values] if missing
                            else values)  # type: ignore[assignment]
     kind = F32 if _is_f32(filled) else F64

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gradwatch.encoding import MAX_ITEMS, FormError, expand, pack, ranges, unpack
+from gradwatch.encoding import MAX_ITEMS, FormError, expand, pack, ranges, same, same_list, unpack
 
 
 @pytest.mark.parametrize(("indices", "text"), [
@@ -79,3 +79,10 @@ def test_missing_entries_follow_the_bang_as_ranges_and_read_back_as_none() -> No
 def test_broken_packed_arrays_are_refused_with_what_is_wrong(text: str, says: str) -> None:
     with pytest.raises(FormError, match=says):
         unpack(text)
+
+
+def test_equal_means_the_same_value_nan_included_and_zero_signed() -> None:
+    assert same(math.nan, math.nan) and same_list([1.0, math.nan, None], [1.0, math.nan, None])
+    assert not same(0.0, -0.0) and not same_list([2.0, 0.0], [2.0, -0.0])
+    assert not same(None, 0.0) and not same_list([None], [0.0])
+    assert not same_list([1.0], [1.0, 2.0]) and not same_list(None, [])
