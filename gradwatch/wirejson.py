@@ -103,7 +103,7 @@ def record_text(record: BaseModel) -> str:
     return ObjectJson.encode(record)
 
 
-_STEP_FIELDS = frozenset(Step.model_fields)
+STEP_FIELDS = frozenset(Step.model_fields)
 _RESET_FIELDS = frozenset(Reset.model_fields)
 
 
@@ -111,7 +111,7 @@ def step_text(s: Step) -> str:
     """A step as :meth:`ObjectJson.encode` writes it, field by field without the walk: the
     probe's writer thread writes one per optimizer step."""
     d = s.__dict__
-    if d.keys() != _STEP_FIELDS:  # a field this copy does not know: the reference writes
+    if d.keys() != STEP_FIELDS:  # a field this copy does not know: the reference writes
         return ObjectJson.encode(s)
     out = [f'{{"seq":{d["seq"]},"t":{num(d["t"])},"type":"step","opt":{_str(d["opt"])},'
            f'"step":{d["step"]}']
