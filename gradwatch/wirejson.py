@@ -104,6 +104,7 @@ def record_text(record: BaseModel) -> str:
 
 
 STEP_FIELDS = frozenset(Step.model_fields)
+"""The fields :func:`step_text` writes itself; a step with others goes to the generic encoder."""
 _RESET_FIELDS = frozenset(Reset.model_fields)
 
 
