@@ -280,6 +280,10 @@ class WatchHandle:
 
 
 def _start_streamer(server: str, path: Path, run: str, rank: int) -> Streamer | None:
+    if is_compressed(path):  # watch() refuses it; a session gradwatch run starts says so
+        log.warning("gradwatch: cannot stream %s to %s: a streamed log must be plain (drop "
+                    "'.gz'); writing the step log only", path, server)
+        return None
     try:
         from gradwatch.stream import Streamer
 
