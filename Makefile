@@ -25,6 +25,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/dashboard.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/peers.py
+	$(BIN)/python bench/storage.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-artifacts

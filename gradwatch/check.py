@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gradwatch.cliargs import CommandParser
-from gradwatch.steplog import StepLog, StepLogError, read_run
+from gradwatch.steplog import LogReader, StepLogError, open_run
 from gradwatch.verdict import Verdict, stream_name, verdict_of_logs
 from gradwatch.wire import Finding
 
@@ -43,14 +43,18 @@ def main(argv: Sequence[str]) -> int:
     """Entry point of ``gradwatch check``; returns the exit code."""
     paths, fmt = _parse(argv)
     try:
-        logs = read_run(paths)
+        logs = open_run(paths)
+        try:
+            j = verdict_of_logs(logs)  # streams each log: no log is held whole
+        finally:
+            for log in logs:
+                log.close()
     except StepLogError as e:
         print(f"gradwatch check: {e}", file=sys.stderr)
         return 2
     for log in logs:
         for w in log.warnings:
             print(f"gradwatch check: warning: {w}", file=sys.stderr)
-    j = verdict_of_logs(logs)
     findings = j.findings()
     nothing = j.nothing_judged()
     if fmt == "json":
@@ -68,7 +72,7 @@ def main(argv: Sequence[str]) -> int:
     return 1 if findings else 0
 
 
-def _text(paths: list[str], logs: list[StepLog], j: Verdict,
+def _text(paths: list[str], logs: list[LogReader], j: Verdict,
           findings: list[Finding]) -> list[str]:
     from gradwatch.report import finding_lines
 
@@ -101,7 +105,7 @@ def _text(paths: list[str], logs: list[StepLog], j: Verdict,
     return out
 
 
-def _by_stream(logs: list[StepLog]) -> list[str]:
+def _by_stream(logs: list[LogReader]) -> list[str]:
     """The logs' paths in the order :meth:`Verdict.summary` lists its streams."""
     ordered = sorted(logs, key=lambda log: (log.header.rank, log.header.worker or 0))
     return [str(log.path) for log in ordered]

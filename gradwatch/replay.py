@@ -1,30 +1,36 @@
 """``gradwatch replay LOG``: send a saved step log into a server as a new run, or the rest
 of it into its own run (``--resume``).
 
-The log is read with the strict reader (exit 2 on an invalid log). By default it is given a
+The log is read twice, record by record, never held whole: a validating pass with the
+strict reader (exit 2 on an invalid log), then the sending pass. By default it is given a
 fresh run id and re-timed so it shows as live: at its recorded pace times ``--speed``, or as
 fast as possible with ``--fast``; records are written to a temporary spool. With
 ``--resume`` the log itself is the spool, under its own run id and times: the server says
 which records it already holds (``hello`` → ``resume``) and gets the rest, which is how a
-run whose server went away is completed. Either way the probe's
+run whose server went away is completed (a compressed log is first copied out plain: the
+streamer tails a plain file). Either way the probe's
 :class:`~gradwatch.stream.Streamer` sends (resume on reconnect, nothing stored twice).
 Exit codes: 0 sent, 1 the server did not take it all, 2 bad arguments or invalid log.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from gradwatch.cliargs import CommandParser
-from gradwatch.steplog import StepLogError, StepLogWriter, read_log
+from gradwatch.steplog import GZIP_MAGIC, LogReader, StepLogError, StepLogWriter
 from gradwatch.stream import Streamer, ingest_url
 
 
@@ -66,21 +72,33 @@ def dashboard_url(server: str, run: str) -> str:
     return f"{scheme}://{parts.netloc}/?run={run}"
 
 
-def retimed(records: list[Any], t0: float, start: float, speed: float | None,
-            run: str, name: str) -> list[tuple[float, Any]]:
-    """``(send_at, record)`` pairs with times shifted so the run reads as live now.
+def retimed(records: Iterable[Any], t0: float, start: float, speed: float | None,
+            run: str, name: str) -> Iterator[tuple[float, Any]]:
+    """``(send_at, record)`` pairs with times shifted so the run reads as live now, one
+    record at a time.
 
     ``speed=None`` (``--fast``) keeps the recorded spacing and sends everything at once.
     """
-    out: list[tuple[float, Any]] = []
     for r in records:
         offset = (r.t - t0) / speed if speed else r.t - t0
         update: dict[str, Any] = {"t": start + offset}
         if r.type == "header":
             update.update(run=run, run_name=name, started=start + (r.started - t0) /
                           (speed or 1.0))
-        out.append((start + offset if speed else start, r.model_copy(update=update)))
-    return out
+        yield start + offset if speed else start, r.model_copy(update=update)
+
+
+def validating_pass(path: str) -> tuple[Any, int, int, list[str]]:
+    """The validating pass: ``(header, records, last seq, warnings)``.
+
+    Raises:
+        StepLogError: the log is not a valid step log.
+    """
+    with LogReader(path) as reader:
+        n, last = 1, reader.header.seq
+        for rec in reader:
+            n, last = n + 1, rec.seq
+        return reader.header, n, last, reader.warnings
 
 
 def main(argv: Sequence[str]) -> int:
@@ -94,7 +112,7 @@ def main(argv: Sequence[str]) -> int:
               file=sys.stderr)
         return 2
     try:
-        log = read_log(a.log)
+        header, n, last_seq, warnings = validating_pass(a.log)
     except StepLogError as e:
         print(f"gradwatch replay: {e}", file=sys.stderr)
         return 2
@@ -103,24 +121,25 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as e:
         print(f"gradwatch replay: {e}", file=sys.stderr)
         return 2
-    for w in log.warnings:
+    for w in warnings:
         print(f"gradwatch replay: warning: {w}", file=sys.stderr)
     token = a.token or os.environ.get("GRADWATCH_TOKEN") or None
     if a.resume:
-        return resume(Path(a.log), log.header.run, log.header.rank,
-                      [log.header, *log.records][-1].seq, a.server, token, a.timeout)
-    run = new_run_id(log.header.run)
-    name = a.name or replay_name(log.header.run_name or log.header.run, time.localtime())
+        return resume(Path(a.log), header.run, header.rank, last_seq, a.server, token,
+                      a.timeout)
+    run = new_run_id(header.run)
+    name = a.name or replay_name(header.run_name or header.run, time.localtime())
     start = time.time()
-    plan = retimed([log.header, *log.records], log.header.t, start,
-                   None if a.fast else a.speed or 1.0, run, name)
-    print(f"replaying {a.log} ({len(plan)} records) as run {run}\n"
+    print(f"replaying {a.log} ({n} records) as run {run}\n"
           f"dashboard: {dashboard_url(a.server, run)}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="gradwatch-replay-") as d:
+    with tempfile.TemporaryDirectory(prefix="gradwatch-replay-") as d, \
+            LogReader(a.log) as reader:
         spool = Path(d) / "spool.jsonl"
         writer = StepLogWriter(spool, flush_every=0.05)
-        streamer = Streamer(a.server, spool, run, log.header.rank, token)
+        streamer = Streamer(a.server, spool, run, header.rank, token)
         streamer.start()
+        plan = retimed(chain([reader.header], reader), header.t, start,
+                       None if a.fast else a.speed or 1.0, run, name)
         try:
             for send_at, rec in plan:
                 delay = send_at - time.time()
@@ -137,9 +156,9 @@ def main(argv: Sequence[str]) -> int:
             writer.close()
             streamer.close(timeout=a.timeout)
         stats = streamer.stats()
-    if stats["disabled"] or stats["acked_seq"] < plan[-1][1].seq:
+    if stats["disabled"] or stats["acked_seq"] < last_seq:
         why = stats["disabled"] or "the server was unreachable or did not ack in time"
-        print(f"gradwatch replay: sent {stats['sent']} of {len(plan)} records: {why}",
+        print(f"gradwatch replay: sent {stats['sent']} of {n} records: {why}",
               file=sys.stderr)
         return 1
     print(f"sent {stats['sent']} records as run {run}")
@@ -154,10 +173,18 @@ def resume(path: Path, run: str, rank: int, last_seq: int, server: str, token: s
     """
     print(f"resuming run {run} (rank {rank}) from {path}\n"
           f"dashboard: {dashboard_url(server, run)}", flush=True)
-    streamer = Streamer(server, path, run, rank, token)
-    streamer.start()
-    streamer.notify()
-    streamer.close(timeout=timeout)  # returns once the log is stored, or at the timeout
+    with tempfile.TemporaryDirectory(prefix="gradwatch-resume-") as d:
+        spool = path
+        with path.open("rb") as fh:
+            if fh.read(2) == GZIP_MAGIC:  # the streamer tails a plain file
+                spool = Path(d) / "spool.jsonl"
+                with gzip.open(path, "rb") as src, spool.open("wb") as out, \
+                        contextlib.suppress(EOFError):  # a writer that died mid-stream
+                    shutil.copyfileobj(src, out)
+        streamer = Streamer(server, spool, run, rank, token)
+        streamer.start()
+        streamer.notify()
+        streamer.close(timeout=timeout)  # returns once the log is stored, or at the timeout
     stats = streamer.stats()
     had = stats["server_had"]
     if stats["disabled"] or stats["acked_seq"] < last_seq:

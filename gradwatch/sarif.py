@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -22,7 +23,7 @@ from urllib.parse import quote
 from gradwatch import __version__
 from gradwatch.fixes import generic_fix
 from gradwatch.locations import primary
-from gradwatch.steplog import StepLog
+from gradwatch.steplog import LogReader, StepLog
 from gradwatch.wire import FINDING_KINDS, Finding, Where
 
 SCHEMA = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"
@@ -79,7 +80,7 @@ def _rule(kind: str) -> dict[str, Any]:
     }
 
 
-def _fallback_file(logs: list[StepLog], paths: list[str]) -> str:
+def _fallback_file(logs: Sequence[StepLog | LogReader], paths: list[str]) -> str:
     """The training script of the run (``argv[0]`` of a header, where it is a file here),
     else the first log."""
     for log in logs:
@@ -117,7 +118,8 @@ def _result(f: Finding, rule_index: int, root: Path, fallback: str) -> dict[str,
     return out
 
 
-def sarif_log(findings: list[Finding], logs: list[StepLog], paths: list[str],
+def sarif_log(findings: list[Finding], logs: Sequence[StepLog | LogReader],
+              paths: list[str],
               nothing_judged: str | None = None) -> dict[str, Any]:
     """The SARIF log (a JSON-ready dict) of one run's findings.
 

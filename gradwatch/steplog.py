@@ -1,12 +1,16 @@
-"""Step logs on disk: a JSON Lines writer for the probe and a strict reader for everyone.
+"""Step logs on disk: a JSON Lines writer for the probe; the strict reader
+(:class:`~gradwatch.logreader.LogReader`, exported here too) and whole-log helpers.
 
 A step log is readable while it is being written and after a crash: every complete line is
 a record, and only a truncated *last* line (the process died mid-write) is tolerated, as a
-warning. Anything else that does not parse is an error naming the line and the field.
+warning. Anything else that does not parse is an error naming the line and the field. A log
+named ``*.gz`` is written gzip-compressed, and any log that starts with gzip's magic bytes
+is read through gzip.
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import time
@@ -15,25 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from gradwatch.wire import Header, dump_record, parse_record
-
-
-class StepLogError(ValueError):
-    """A step log that cannot be read; the message names the file, line and problem."""
-
-    def __init__(self, path: str | os.PathLike[str], line: int | None, problem: str):
-        where = f"{path}:{line}" if line is not None else str(path)
-        super().__init__(f"{where}: {problem}")
-        self.path = str(path)
-        self.line = line
-        self.problem = problem
+from gradwatch.logreader import BLOCK as BLOCK
+from gradwatch.logreader import GZIP_MAGIC as GZIP_MAGIC
+from gradwatch.logreader import LogReader as LogReader
+from gradwatch.logreader import StepLogError as StepLogError
+from gradwatch.wire import Header, dump_record
 
 
 @dataclass
 class StepLog:
-    """The parsed contents of a step log."""
+    """The parsed contents of a step log, held whole (see :class:`LogReader` to stream)."""
 
     header: Header
     records: list[Any]
@@ -43,120 +40,98 @@ class StepLog:
     """Where it was read from."""
 
 
-def _describe(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(x) for x in first.get("loc", ()))
-    msg = first.get("msg", "invalid")
-    return f"{msg} (at {loc})" if loc else msg
+def is_compressed(path: str | os.PathLike[str]) -> bool:
+    """A log at ``path`` is written gzip-compressed (its name ends in ``.gz``)."""
+    return str(path).endswith(".gz")
 
 
 def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line_number, record)`` for each record of a step log.
+    """Yield ``(line_number, record)`` for the header and each record of a step log.
+
+    Kept for callers of the first reader; :class:`LogReader` is the reader.
 
     Raises:
-        StepLogError: the file is missing, empty, has no header first, or holds a line
-            (other than a truncated last one) that is not a valid record.
+        StepLogError: see :class:`LogReader`.
     """
-    p = Path(path)
-    try:
-        fh = p.open("rb")
-    except OSError as e:
-        raise StepLogError(path, None, f"cannot open step log: {e.strerror or e}") from e
-    with fh:
-        data = fh.read()
-    if not data.strip():
-        raise StepLogError(path, None, "the step log is empty (no header line)")
-    lines = data.split(b"\n")
-    last_complete = data.endswith(b"\n")
-    n = len(lines)
-    for i, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        truncated_tail = i == n and not last_complete
-        try:
-            rec = parse_record(raw)
-        except ValidationError as e:
-            if truncated_tail:
-                yield i, _Truncated(i, _describe(e))
-                return
-            if i == 1 and not raw.lstrip().startswith(b"{"):
-                raise StepLogError(path, i, "not a gradwatch step log (line 1 is not "
-                                            "JSON)") from e
-            raise StepLogError(path, i, _describe(e)) from e
-        if i == 1 and not isinstance(rec, Header):
-            raise StepLogError(path, i, f"the first line must be the header, found a "
-                                        f"'{rec.type}' record")
-        if i > 1 and isinstance(rec, Header):
-            raise StepLogError(path, i, "a second header: this file is two logs "
-                                        "concatenated; split it into one file per run")
-        yield i, rec
+    with LogReader(path) as reader:
+        yield 1, reader.header
+        yield from reader.numbered()
 
 
-class _Truncated:
-    def __init__(self, line: int, problem: str):
-        self.line = line
-        self.problem = problem
-
-
-def read_log(path: str | os.PathLike[str]) -> StepLog:
-    """Read and validate a whole step log.
+def read_log(path: str | os.PathLike[str] | IO[bytes], name: str | None = None) -> StepLog:
+    """Read and validate a whole step log, held in memory (:class:`LogReader` streams).
 
     Raises:
-        StepLogError: see :func:`iter_lines`.
+        StepLogError: see :class:`LogReader`.
     """
-    header: Header | None = None
-    records: list[Any] = []
-    warnings: list[str] = []
-    for line, rec in iter_lines(path):
-        if isinstance(rec, _Truncated):
-            warnings.append(f"{path}:{line}: last line is truncated (the writer stopped "
-                            f"mid-line); ignored it")
-        elif isinstance(rec, Header):
-            header = rec
-        else:
-            records.append(rec)
-    if header is None:  # pragma: no cover - iter_lines guarantees a header first
-        raise StepLogError(path, 1, "no header line")
-    return StepLog(header, records, warnings, str(path))
+    with LogReader(path, name) as reader:
+        records = list(reader)
+    return StepLog(reader.header, records, reader.warnings, reader.path)
 
 
-def read_run(paths: Sequence[str | os.PathLike[str]]) -> list[StepLog]:
-    """Read the step logs of one run's streams: its ranks, and the worker processes
-    ``gradwatch run`` watched (``check run.rank*.jsonl``). A path given twice is read once.
+def open_run(paths: Sequence[str | os.PathLike[str]]) -> list[LogReader]:
+    """Readers of the step logs of one run's streams: its ranks, and the worker processes
+    ``gradwatch run`` watched (``check run.rank*.jsonl``), their headers read and checked
+    against each other. A path given twice is read once. The caller closes the readers.
 
     Raises:
-        StepLogError: a log cannot be read (see :func:`iter_lines`); the logs are of
+        StepLogError: a log cannot be read (see :class:`LogReader`); the logs are of
             different runs; or two logs are the same stream (rank and worker) of the run.
     """
-    read: dict[str, tuple[str, StepLog]] = {}
-    for p in paths:
-        real = os.path.realpath(p)
-        if real not in read:
-            read[real] = (str(p), read_log(p))
+    readers: dict[str, LogReader] = {}
+    try:
+        for p in paths:
+            real = os.path.realpath(p)
+            if real not in readers:
+                readers[real] = LogReader(p)
+        _one_run(list(readers.values()))
+    except BaseException:
+        for r in readers.values():
+            r.close()
+        raise
+    return list(readers.values())
+
+
+def _one_run(logs: Sequence[LogReader | StepLog]) -> None:
     runs: dict[str, list[str]] = {}
-    for path, log in read.values():
-        runs.setdefault(log.header.run, []).append(path)
+    for log in logs:
+        runs.setdefault(log.header.run, []).append(log.path)
     if len(runs) > 1:
         listed = "; ".join(f"run '{r}': {', '.join(ps)}" for r, ps in runs.items())
-        raise StepLogError(next(iter(read.values()))[0], None,
+        raise StepLogError(logs[0].path, None,
                            f"these logs are of different runs ({listed}); check one run's "
                            f"logs at a time")
     streams: dict[tuple[int, int | None], str] = {}
-    for path, log in read.values():
+    for log in logs:
         h = log.header
-        other = streams.setdefault((h.rank, h.worker), path)
-        if other != path:
+        other = streams.setdefault((h.rank, h.worker), log.path)
+        if other != log.path:
             who = f"rank {h.rank}" + (f" worker {h.worker}" if h.worker is not None else "")
-            raise StepLogError(path, None, f"{other} and {path} are both {who} of run "
-                                           f"'{h.run}': give each stream's log once")
-    return [log for _, log in read.values()]
+            raise StepLogError(log.path, None, f"{other} and {log.path} are both {who} of "
+                                               f"run '{h.run}': give each stream's log once")
+
+
+def read_run(paths: Sequence[str | os.PathLike[str]]) -> list[StepLog]:
+    """:func:`open_run`, each log read whole (:class:`StepLog`).
+
+    Raises:
+        StepLogError: see :func:`open_run`.
+    """
+    readers = open_run(paths)
+    try:
+        return [StepLog(r.header, list(r), r.warnings, r.path) for r in readers]
+    finally:
+        for r in readers:
+            r.close()
 
 
 class StepLogWriter:
     """Appends records to a step log, one JSON line each; a new log is created 0600.
 
     Lines are written whole (so a reader never sees half of one unless the process dies
-    mid-write) and flushed at most ``flush_every`` seconds apart and on :meth:`close`.
+    mid-write) and flushed at most ``flush_every`` seconds apart and on :meth:`close`. A
+    path ending in ``.gz`` is written gzip-compressed, each flush a sync flush (a reader sees
+    every flushed line); a log another process tails (a streamed run's spool) must be plain.
     Not thread-safe: one thread (the probe's sender) owns a writer.
     """
 
@@ -166,8 +141,16 @@ class StepLogWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         # 0600: a step log holds host names, command lines and parameter names.
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        self._fh: IO[str] | None = open(  # noqa: SIM115 - closed by close()
-            fd, "a", encoding="utf-8", buffering=1 << 16)
+        self._raw: IO[bytes] | None = None
+        if is_compressed(self.path):
+            self._raw = open(fd, "ab")  # noqa: SIM115 - closed by close()
+            # Appending to a log adds a gzip member; readers read members one after another.
+            gz = gzip.GzipFile(fileobj=self._raw, mode="ab")
+            self._fh: IO[str] | None = io.TextIOWrapper(gz, encoding="utf-8",
+                                                        write_through=False)
+        else:
+            self._fh = open(  # noqa: SIM115 - closed by close()
+                fd, "a", encoding="utf-8", buffering=1 << 16)
         self._flush_every = flush_every
         self._last_flush = time.monotonic()
 
@@ -191,6 +174,9 @@ class StepLogWriter:
             self._fh.flush()
             self._fh.close()
             self._fh = None
+        if self._raw is not None:  # gzip leaves the file it wrote to open
+            self._raw.close()
+            self._raw = None
 
     def __enter__(self) -> StepLogWriter:
         return self

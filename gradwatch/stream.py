@@ -2,7 +2,8 @@
 
 The training loop only calls :meth:`Streamer.notify` (sets an event). The streamer thread
 owns the websocket: it reads complete lines from the spool, validates them with the wire
-models, sends them in :class:`~gradwatch.wire.IngestBatch` frames (a few in flight) and
+models at the version the spool's header names, sends the lines as they are in
+:class:`~gradwatch.wire.IngestBatch` frames of that version (a few in flight) and
 advances on the server's acks. When the server is down, records simply stay in the spool;
 on reconnect (exponential backoff) it asks the server where to resume (``hello`` →
 ``resume``) and sends the rest, so nothing is lost or stored twice. Imports neither torch
@@ -26,7 +27,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import ClientConnection, connect
 
 from gradwatch.frames import Ack, Hello, Resume
-from gradwatch.wire import IngestBatch, parse_record
+from gradwatch.wire import Header, batch_json, parse_record
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class Streamer:
 
     Args:
         url: server URL (``ws://127.0.0.1:8765``; ``/ws/ingest`` is added).
-        spool: the step log the probe writes (read-only here).
+        spool: the step log the probe writes (read-only here; plain, not compressed).
         run: run id (the header's ``run``).
         rank: process rank.
         token: server token, sent as ``Authorization: Bearer``.
@@ -79,6 +80,7 @@ class Streamer:
         self._thread: threading.Thread | None = None
         self._ws: ClientConnection | None = None
         self._read_off = 0  # next byte to read in the spool
+        self._v: int | None = None  # the version the spool is written at (its header's)
         self._acked_off = 0  # every line before this byte is stored by the server
         self._acked_seq = -1
         self._skip_le = -1  # records with seq <= this are already on the server
@@ -212,7 +214,7 @@ class Streamer:
             batch = self._read_batch()
             if batch is None:
                 break
-            ws.send(batch.model_dump_json())
+            ws.send(batch)
             self._last_send = time.monotonic()
         if self._inflight:
             ack = Ack.model_validate_json(ws.recv(timeout=self.ack_timeout))
@@ -232,8 +234,29 @@ class Streamer:
         self._wake.clear()
         return False
 
-    def _read_batch(self) -> IngestBatch | None:
-        """The next batch of complete, valid, not-yet-stored lines, or ``None``."""
+    def _version(self) -> int | None:
+        """The protocol version of the spool (its header's ``v``); None before the header
+        is written. A spool whose first line is no header is refused: nothing can say how
+        its lines are written."""
+        if self._v is None:
+            try:
+                with self.spool.open("rb") as fh:
+                    first = fh.readline(1 << 20)
+            except FileNotFoundError:
+                return None
+            if not first.endswith(b"\n"):
+                return None
+            header = parse_record(first, 1)  # a header reads the same at every version
+            if not isinstance(header, Header):
+                raise ValueError(f"{self.spool} does not start with a header")
+            self._v = header.v
+        return self._v
+
+    def _read_batch(self) -> str | None:
+        """The next frame of complete, valid, not-yet-stored lines, or ``None``."""
+        v = self._version()
+        if v is None:
+            return None
         while True:
             try:
                 with self.spool.open("rb") as fh:
@@ -247,7 +270,7 @@ class Streamer:
                     self._skip_line()
                     continue
                 return None
-            records: list[Any] = []
+            records: list[bytes] = []
             off, size, last_seq, cut = self._read_off, 0, self._skip_le, False
             for raw in data[:end + 1].split(b"\n")[:-1]:
                 if records and (len(records) >= self.max_records or size >= self.max_bytes):
@@ -257,7 +280,7 @@ class Streamer:
                 if not raw.strip():
                     continue
                 try:
-                    rec = parse_record(raw)
+                    rec = parse_record(raw, v)
                 except ValidationError as e:
                     self._stats["dropped"] += 1
                     log.warning("gradwatch streamer: skipping an invalid spool line: %s",
@@ -265,7 +288,7 @@ class Streamer:
                     continue
                 if rec.seq <= self._skip_le:
                     continue  # already on the server
-                records.append(rec)
+                records.append(raw)
                 size += len(raw)
                 last_seq = rec.seq
             self._read_off = off
@@ -273,7 +296,7 @@ class Streamer:
                 self._last_full = cut
                 self._skip_le = last_seq
                 self._inflight.append((last_seq, off, len(records)))
-                return IngestBatch(run=self.run, rank=self.rank, records=records)
+                return batch_json(self.run, self.rank, v, records).decode()
             if not self._inflight:  # only lines the server already had: count them acked
                 self._acked_off = max(self._acked_off, off)
 

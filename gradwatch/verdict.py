@@ -42,7 +42,7 @@ _MAX_WHERE = 12
 """Lines a finding names at most."""
 
 if TYPE_CHECKING:
-    from gradwatch.steplog import StepLog
+    from gradwatch.steplog import LogReader, StepLog
 
 FINDING_FACTS: tuple[str, ...] = ("stale", "leaked", "late", "discarded")
 """The per-step counts findings are made of, by name (``late`` counts ``Step.late_params``).
@@ -316,10 +316,10 @@ def verdict_of(records: Iterable[Any]) -> Verdict:
     return j
 
 
-def verdict_of_logs(logs: Iterable[StepLog]) -> Verdict:
+def verdict_of_logs(logs: Iterable[StepLog | LogReader]) -> Verdict:
     """The verdict of the step logs of one run's streams together (see
-    :func:`gradwatch.steplog.read_run`), each stream tagged by its header's rank and
-    worker."""
+    :func:`gradwatch.steplog.open_run`), each stream tagged by its header's rank and
+    worker; a :class:`~gradwatch.steplog.LogReader` is read through once."""
     j = Verdict()
     for log in logs:
         h = log.header

@@ -13,6 +13,11 @@ receiver stores each record once however often it is resent.
 Non-finite floats (a NaN loss blows up a gradient norm) are data, not errors: they are
 written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, which every JSON
 parser accepts and which these models read back as floats.
+
+Records are written at :data:`PROTOCOL_VERSION` (:mod:`gradwatch.wirejson`); a line is read at
+the version it was written at, which the reader knows from outside the line (a log's
+header, a frame's ``v``): see :func:`parse_record`. Version 2 leaves out what it implies and
+packs per-parameter arrays (:mod:`gradwatch.encoding`).
 """
 
 from __future__ import annotations
@@ -21,12 +26,25 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
-PROTOCOL_VERSION = 1
-"""Bumped on any incompatible change to the records below."""
+from gradwatch import encoding
 
-SUPPORTED_VERSIONS = frozenset({1})
+PROTOCOL_VERSION = 2
+"""The version records are written at; bumped on any change to how they are written."""
+
+SUPPORTED_VERSIONS = frozenset({1, 2})
+"""The versions a reader reads (a contract: a log of any of them stays readable)."""
 
 FindingKind = Literal[
     "missed_reset",
@@ -110,6 +128,12 @@ class Header(_Record):
                 f"{sorted(SUPPORTED_VERSIONS)}); upgrade gradwatch to read this log"
             )
         return v
+
+    @field_serializer("v")
+    def _written_at(self, v: int) -> int:
+        # Records are always written at the current version, so a header read from an
+        # older log and written again must say so (its records follow in today's forms).
+        return PROTOCOL_VERSION
 
 
 def unnamed_param(index: int) -> str:
@@ -244,18 +268,40 @@ class Step(_Record):
     param_fresh_norms: list[Norm] | None = Field(default=None, max_length=100_000)
     sites: StepSites | None = None
     """Where its finding facts come from (None on a step without one)."""
+    loss: Norm = None
+    """The step's loss: the sum of the backward roots it read (None: not known)."""
+    lr: list[Norm] | None = Field(default=None, max_length=100_000)
+    """Learning rate of each parameter group at this step (None: not known)."""
 
-    @field_validator("norm", "fresh_norm", "drift", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _v2_forms(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, dict) and _version(info) >= 2:
+            try:
+                return encoding.step_at_v1(data)
+            except encoding.FormError as e:
+                raise ValueError(str(e)) from None
+        return data
+
+    @field_validator("norm", "fresh_norm", "drift", "loss", mode="before")
     @classmethod
     def _nonfinite_from_strings(cls, v: Any) -> Any:
-        return _parse_nonfinite(v)
+        return encoding.nonfinite(v)
 
-    @field_validator("param_norms", "param_fresh_norms", mode="before")
+    @field_validator("param_norms", "param_fresh_norms", "lr", mode="before")
     @classmethod
     def _nonfinite_list(cls, v: Any) -> Any:
         if isinstance(v, list):
-            return [_parse_nonfinite(x) for x in v]
+            return [encoding.nonfinite(x) for x in v]
         return v
+
+
+def _version(info: ValidationInfo) -> int:
+    """The version the input was written at: the validation context's ``v``. Without one
+    (a model built in Python, pydantic's own JSON) 1: every field left out takes its
+    default."""
+    ctx = info.context
+    return ctx.get("v", 1) if isinstance(ctx, dict) else 1
 
 
 class Unowned(_Record):
@@ -323,6 +369,27 @@ class Stats(_Record):
     """Why the probe turned itself off, if it did."""
 
 
+class Scalars(_Record):
+    """Scalars the user logged at one step (``loss``, ``accuracy``, ...), beside the probe's
+    own figures."""
+
+    type: Literal["scalars"] = "scalars"
+    step: StepNumber
+    """The step they belong to (the optimizer's, where ``opt`` names one)."""
+    opt: str | None = Field(default=None, min_length=1, max_length=200)
+    """The optimizer whose step it is; None: the run's step."""
+    values: dict[Annotated[str, Field(min_length=1, max_length=200)], float] = Field(
+        max_length=1000)
+    """Name → value; NaN and infinities are data."""
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _nonfinite_values(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: encoding.nonfinite(x) for k, x in v.items()}
+        return v
+
+
 class End(_Record):
     """Last record of a run (absent after a crash: the run then reads as interrupted)."""
 
@@ -333,12 +400,19 @@ class End(_Record):
     dropped: NonNegInt = 0
 
 
-AnyRecord = Header | OptimizerInfo | Site | Step | Stats | End | Unowned | Holding
+AnyRecord = Header | OptimizerInfo | Site | Step | Stats | End | Unowned | Holding | Scalars
 """Any record model (the plain union, for type hints)."""
 Record = Annotated[AnyRecord, Field(discriminator="type")]
 """Any record of a step log or stream, told apart by its ``type`` (for validation)."""
 
 RECORD_ADAPTER: TypeAdapter[Any] = TypeAdapter(Record)
+RECORDS_ADAPTER: TypeAdapter[list[Any]] = TypeAdapter(list[Record])
+"""A block of records (one validation call for many lines; an error's location starts with
+the index of the record)."""
+MAX_BATCH = 10_000
+"""Records in one :class:`IngestBatch` at most."""
+_RECORDS: TypeAdapter[list[Any]] = TypeAdapter(
+    Annotated[list[Record], Field(max_length=MAX_BATCH)])
 
 
 class IngestBatch(_Model):
@@ -348,12 +422,27 @@ class IngestBatch(_Model):
     v: int = PROTOCOL_VERSION
     run: RunId
     rank: NonNegInt = 0
-    records: list[Record] = Field(max_length=10_000)
+    records: list[Record] = Field(max_length=MAX_BATCH)
+    """Written at ``v``, and read at it: the frame passes its version to its records."""
 
     @field_validator("v")
     @classmethod
     def _known_version(cls, v: int) -> int:
         return Header._known_version(v)
+
+    @field_serializer("v")
+    def _written_at(self, v: int) -> int:
+        return PROTOCOL_VERSION  # a model dumps its records in today's forms
+
+    @field_validator("records", mode="wrap")
+    @classmethod
+    def _records_at_v(cls, value: Any, handler: ValidatorFunctionWrapHandler,
+                      info: ValidationInfo) -> Any:
+        v = info.data.get("v")
+        if v is None or v == _version(info) or isinstance(value, list) and all(
+                isinstance(r, BaseModel) for r in value):
+            return handler(value)
+        return _RECORDS.validate_python(value, context={"v": v})
 
 
 class Where(_Model):
@@ -384,22 +473,30 @@ class Finding(_Model):
     """The worker process (see :attr:`Header.worker`) the finding is in, if any."""
 
 
-def _parse_nonfinite(v: Any) -> Any:
-    if isinstance(v, str):
-        low = v.strip().lower()
-        if low in ("nan", "infinity", "+infinity", "-infinity", "inf", "-inf"):
-            return float(low.replace("infinity", "inf"))
-    return v
 
 
-def parse_record(line: str | bytes) -> Any:
+def parse_record(line: str | bytes, v: int) -> Any:
     """Parse one JSON line into a record model.
+
+    Args:
+        line: the record's JSON.
+        v: the protocol version it was written at: its log's header's ``v``, its frame's
+            ``v``; never guessed from the line. (A line pydantic wrote from a model with
+            every field present reads the same at any version; one written without its
+            ``None`` fields reads right only at 1.)
 
     Raises:
         pydantic.ValidationError: the line is not valid JSON or not a valid record; its
             message says which field is wrong.
     """
-    return RECORD_ADAPTER.validate_json(line)
+    return RECORD_ADAPTER.validate_json(line, context={"v": v})
+
+
+def batch_json(run: str, rank: int, v: int, lines: list[bytes]) -> bytes:
+    """An :class:`IngestBatch` frame of records already validated as JSON lines written
+    at version ``v`` (a spool's), passed on as they are."""
+    head = json.dumps({"type": "batch", "v": v, "run": run, "rank": rank}).encode()
+    return head[:-1] + b',"records":[' + b",".join(lines) + b"]}"
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -423,8 +520,11 @@ def trusted(cls: type[_M], fields: dict[str, Any]) -> _M:
 
 
 def dump_record(record: BaseModel) -> str:
-    """Serialise a record as one JSON line (no trailing newline)."""
-    return record.model_dump_json(exclude_defaults=False)
+    """Serialise a record as one JSON line (no trailing newline), at :data:`PROTOCOL_VERSION`
+    (:func:`gradwatch.wirejson.record_text`)."""
+    from gradwatch.wirejson import record_text
+
+    return record_text(record)
 
 
 def json_schema() -> dict[str, Any]:

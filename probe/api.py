@@ -25,6 +25,7 @@ import torch
 from gradwatch.probe import names, patches, runinfo
 from gradwatch.probe.tracker import Tracker
 from gradwatch.probe.writer import RecordWriter, StepFigures
+from gradwatch.steplog import is_compressed
 from gradwatch.wire import End, Finding, Stats
 
 if TYPE_CHECKING:
@@ -70,6 +71,10 @@ def validate_options(log_: Any, server: Any, run_name: Any, norms_every: Any) ->
     if server is not None and (not isinstance(server, str) or not server.startswith(_SCHEMES)):
         raise ValueError(f"server= must be a URL starting with ws://, wss://, http:// or "
                          f"https://, e.g. 'http://127.0.0.1:8765'; got {server!r}.")
+    if server is not None and log_ is not None and is_compressed(log_):
+        # the streamer tails the log as it grows; a compressed one it cannot read from an offset
+        raise ValueError(f"log={str(log_)!r} would be compressed (.gz), but a log streamed to "
+                         f"a server must be plain: drop '.gz', or compress it after the run.")
     if run_name is not None and (not isinstance(run_name, str) or len(run_name) > 200):
         raise TypeError("run_name= must be a string of at most 200 characters.")
     if isinstance(norms_every, bool) or not isinstance(norms_every, int) or norms_every < 0:
@@ -275,6 +280,10 @@ class WatchHandle:
 
 
 def _start_streamer(server: str, path: Path, run: str, rank: int) -> Streamer | None:
+    if is_compressed(path):  # watch() refuses it; a session gradwatch run starts says so
+        log.warning("gradwatch: cannot stream %s to %s: a streamed log must be plain (drop "
+                    "'.gz'); writing the step log only", path, server)
+        return None
     try:
         from gradwatch.stream import Streamer
 

@@ -29,7 +29,8 @@ from gradwatch.wire import (
 )
 
 RecordModel = AnyRecord
-RecordKind = Literal["header", "optimizer", "site", "step", "stats", "end", "unowned", "holding"]
+RecordKind = Literal["header", "optimizer", "site", "step", "stats", "end", "unowned", "holding",
+                     "scalars"]
 
 
 class Entry:
@@ -54,7 +55,7 @@ class Entry:
         """The validated record, except for steps without a finding fact (``None``)."""
         # After crossing a process boundary: read back from the line, and not kept, so a
         # stored batch of flagged steps holds no model per step for the garbage collector.
-        return parse_record(self.body) if self._in_body else self._record
+        return parse_record(self.body, 1) if self._in_body else self._record
 
     def __reduce__(self) -> tuple[type[Entry], tuple[Any, ...]]:
         # Across the parser processes' boundary a record travels as its JSON line only: a
@@ -73,7 +74,9 @@ class Batch(NamedTuple):
 
 def entry(r: RecordModel, rank: int) -> Entry:
     """The :class:`Entry` of one validated record."""
-    body = r.__pydantic_serializer__.to_json(r, exclude_none=True).decode()
+    # A step keeps its None fields: left out, version 2 (an export's header says 2) would
+    # read an unknown fresh norm as the norm. Bodies read back at version 1.
+    body = r.__pydantic_serializer__.to_json(r, exclude_none=not isinstance(r, Step)).decode()
     if isinstance(r, Step):
         return Entry(r.seq, "step", r.t, body, row_from_step(r, rank),
                      r if has_finding_facts(r) else None)

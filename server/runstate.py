@@ -97,14 +97,14 @@ def load_state(conn: sqlite3.Connection, run_id: str) -> RunState | None:
     for rank, opt, kind in conn.execute(
             "SELECT rank, opt, kind FROM findings WHERE rid=?", (rid,)):
         st.finding_keys.add((rank, opt, kind))
-    st.verdict.feed(parse_record(row[11]), 0)
+    st.verdict.feed(parse_record(row[11], 1), 0)
     for rank, body in conn.execute(
             "SELECT rank, body FROM records WHERE rid=? AND kind IN ('optimizer', 'site', "
             "'unowned', 'holding', 'stats', 'end') ORDER BY rank, seq", (rid,)):
-        st.verdict.feed(parse_record(body), rank)
+        st.verdict.feed(parse_record(body, 1), rank)
     for rank, body in conn.execute(
             "SELECT r.rank, r.body FROM steps s JOIN records r ON r.rid=s.rid AND "
             f"r.rank=s.rank AND r.seq=s.seq WHERE s.rid=? AND {FACTS_SQL} "
             "ORDER BY s.rank, s.seq", (rid,)):
-        st.verdict.feed(parse_record(body), rank)
+        st.verdict.feed(parse_record(body, 1), rank)
     return st

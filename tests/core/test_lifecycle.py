@@ -7,7 +7,14 @@ import json
 from typing import Any
 
 from gradwatch.verdict import Verdict, verdict_of
-from gradwatch.wire import Holding, OptimizerInfo, Unowned, dump_record, parse_record
+from gradwatch.wire import (
+    PROTOCOL_VERSION,
+    Holding,
+    OptimizerInfo,
+    Unowned,
+    dump_record,
+    parse_record,
+)
 from tests.core.logs import header, optimizer, step
 
 
@@ -27,11 +34,11 @@ def _holding(seq: int, opt: str = "SGD#0", **kw: Any) -> Holding:
 
 def test_new_records_round_trip_and_old_records_still_read() -> None:
     for rec in (_unowned(3), _holding(4, never=[1])):
-        assert parse_record(dump_record(rec)) == rec
+        assert parse_record(dump_record(rec), PROTOCOL_VERSION) == rec
     # a record written before these fields existed reads with their defaults
     old = json.loads(dump_record(optimizer()))
     del old["manual"]
-    assert parse_record(json.dumps(old)).manual is False
+    assert parse_record(json.dumps(old), 1).manual is False
 
 
 def test_untrained_params_left_out() -> None:

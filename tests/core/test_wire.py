@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from gradwatch.wire import (
     FINDING_KINDS,
     INT64_MAX,
+    PROTOCOL_VERSION,
     STEP_MAX,
     End,
     Finding,
@@ -33,7 +34,7 @@ def test_step_round_trips_with_nan_and_inf_as_data() -> None:
     # Browsers' JSON.parse rejects bare NaN: non-finite values travel as strings.
     raw = json.loads(line)
     assert raw["norm"] == "NaN" and raw["drift"] == "Infinity"
-    back = parse_record(line)
+    back = parse_record(line, PROTOCOL_VERSION)
     assert isinstance(back, Step)
     assert math.isnan(back.norm) and back.drift == math.inf
     assert back.param_norms == [1.5, -math.inf]
@@ -47,14 +48,14 @@ def test_trusted_record_is_the_validated_record() -> None:
     made = trusted(Step, fields)
     assert made == validated
     assert dump_record(made) == dump_record(validated)
-    assert parse_record(dump_record(made)) == validated
+    assert parse_record(dump_record(made), PROTOCOL_VERSION) == validated
 
 
 def test_unknown_protocol_version_is_refused_with_a_sentence() -> None:
     raw = json.loads(dump_record(header()))
     raw["v"] = 99
     with pytest.raises(ValidationError, match="protocol version 99 is not supported"):
-        parse_record(json.dumps(raw))
+        parse_record(json.dumps(raw), PROTOCOL_VERSION)
 
 
 @pytest.mark.parametrize("bad", [
@@ -67,7 +68,7 @@ def test_unknown_protocol_version_is_refused_with_a_sentence() -> None:
 ])
 def test_malformed_records_are_rejected(bad: str) -> None:
     with pytest.raises(ValidationError):
-        parse_record(bad)
+        parse_record(bad, PROTOCOL_VERSION)
 
 
 def test_run_ids_cannot_carry_paths() -> None:
@@ -83,16 +84,16 @@ def test_schema_names_every_finding_kind() -> None:
 
 def test_sites_round_trip_and_logs_from_before_them_still_read() -> None:
     site = Site(seq=3, t=1.0, id=1, file="/work/train.py", line=12, function="train")
-    assert parse_record(dump_record(site)) == site
+    assert parse_record(dump_record(site), PROTOCOL_VERSION) == site
     s = step(4, 2, stale=1, stale_params=[0], sites=StepSites(step=1, stale=[2]),
              resets=[Reset(how="optimizer_zero_grad", site=1)])
-    assert parse_record(dump_record(s)) == s
-    old = json.loads(dump_record(step(5, 3, resets=[Reset(how="zero_")])))
+    assert parse_record(dump_record(s), PROTOCOL_VERSION) == s
+    old = json.loads(step(5, 3, resets=[Reset(how="zero_")]).model_dump_json())
     del old["sites"], old["resets"][0]["site"]  # a line written before sites existed
-    back = parse_record(json.dumps(old))
+    back = parse_record(json.dumps(old), 1)
     assert back.sites is None and back.resets[0].site is None
     with pytest.raises(ValidationError):
-        parse_record(json.dumps({**json.loads(dump_record(site)), "id": 0}))
+        parse_record(json.dumps({**json.loads(dump_record(site)), "id": 0}), 2)
     f = Finding(kind="late_reset", optimizer="SGD#0", first_step=0, last_step=0, steps=1,
                 params=[], message="", fix="")
     assert f.where == [] and "where" in json.dumps(json_schema()["finding"])
@@ -120,14 +121,14 @@ def test_values_past_64_bits_and_non_finite_times_are_refused_by_name(
     raw[field] = "@@"
     bad = json.dumps(raw).replace('"@@"', value)
     with pytest.raises(ValidationError) as e:
-        parse_record(bad)
+        parse_record(bad, PROTOCOL_VERSION)
     err = e.value.errors()[0]
     assert err["loc"][-1] == field and says in err["msg"]
 
 
 def test_the_largest_allowed_values_still_read_and_norms_may_be_non_finite() -> None:
     s = step(INT64_MAX, STEP_MAX, backwards=INT64_MAX, norm=float("-inf"))
-    back = parse_record(dump_record(s))
+    back = parse_record(dump_record(s), PROTOCOL_VERSION)
     assert back.seq == INT64_MAX and back.step == STEP_MAX and back.norm == -math.inf
     schema = json.dumps(json_schema())
     assert str(STEP_MAX) in schema and str(INT64_MAX) in schema

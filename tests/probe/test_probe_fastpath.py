@@ -25,6 +25,7 @@ from gradwatch.probe.writer import RecordWriter
 from gradwatch.steplog import read_log
 from gradwatch.verdict import verdict_of
 from gradwatch.wire import Reset, Step
+from gradwatch.wirejson import ObjectJson, step_text
 
 from .probe_helpers import loss_of, mlp
 
@@ -166,6 +167,7 @@ def test_probe_records_name_every_field(tmp_path: Path, monkeypatch: pytest.Monk
         assert set(s.__dict__) == set(Step.model_fields)
         assert all(set(r.__dict__) == set(Reset.model_fields) for r in s.resets)
         assert Step.model_validate(s.model_dump()) == s
+        assert step_text(s) == ObjectJson.encode(s)  # the writer's copy of the encoder
 
 
 def test_textbook_loop_takes_the_one_pass_way_every_step_after_the_first(

@@ -16,7 +16,7 @@ import pytest
 import websockets
 
 from gradwatch.steplog import StepLogWriter, read_log
-from gradwatch.wire import End, IngestBatch
+from gradwatch.wire import End, IngestBatch, Step
 from tests.serverproc import ServerProc
 
 from .conftest import Page
@@ -166,11 +166,9 @@ async def test_the_page_recovers_after_the_server_restarts(
 
 def _log_rows(path: str) -> dict[str, list[tuple[int, float | None, float | None]]]:
     out: dict[str, list[tuple[int, float | None, float | None]]] = {}
-    with open(path) as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("type") == "step":
-                out.setdefault(rec["opt"], []).append((rec["step"], rec["norm"], rec["drift"]))
+    for rec in read_log(path).records:  # a step leaves out a drift its norms imply
+        if isinstance(rec, Step):
+            out.setdefault(rec.opt, []).append((rec.step, rec.norm, rec.drift))
     return out
 
 

@@ -1,0 +1,200 @@
+"""The strict step-log reader: a log record by record, its errors naming ``file:line`` and
+the field.
+
+Everyone who reads a log reads it here: ``check``, ``replay``, the server's import, and
+:mod:`gradwatch.steplog`'s whole-log helpers. A log is validated at the version its header
+names (:func:`gradwatch.wire.parse_record`); one that starts with gzip's magic bytes is read
+through gzip.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import ValidationError
+
+from gradwatch.wire import PROTOCOL_VERSION, RECORDS_ADAPTER, Header, parse_record
+
+
+class StepLogError(ValueError):
+    """A step log that cannot be read; the message names the file, line and problem."""
+
+    def __init__(self, path: str | os.PathLike[str], line: int | None, problem: str):
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__(f"{where}: {problem}")
+        self.path = str(path)
+        self.line = line
+        self.problem = problem
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(x) for x in first.get("loc", ()))
+    msg = first.get("msg", "invalid")
+    return f"{msg} (at {loc})" if loc else msg
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+BLOCK = 512
+"""Lines validated per call (one pydantic call over a block costs less than one a line)."""
+
+
+class LogReader:
+    """A step log read record by record: memory does not grow with its length.
+
+    The header is read when the reader is made (:attr:`header`); iterating yields every
+    record after it, in file order, each validated at the header's version ``v``. A log
+    starting with gzip's magic bytes is read through gzip. Only a truncated *last* line
+    (the writer died mid-line, or a compressed log's tail not flushed yet) is tolerated,
+    as a warning in :attr:`warnings`.
+
+    Args:
+        source: a path, or a binary file object (an upload; the reader does not close it).
+        name: what errors and warnings call the log (default: the path).
+
+    Raises:
+        StepLogError: (here and while iterating) the file is missing, empty, has no header
+            first or a second header, or holds a line that is not a valid record; the
+            message names ``file:line`` and the field.
+    """
+
+    def __init__(self, source: str | os.PathLike[str] | IO[bytes], name: str | None = None):
+        self.path = name if name is not None else str(source)
+        self.warnings: list[str] = []
+        self._owned: IO[bytes] | None = None
+        if isinstance(source, str | os.PathLike):
+            try:
+                raw: IO[bytes] = Path(source).open("rb")  # noqa: SIM115 - closed by close()
+            except OSError as e:
+                raise StepLogError(self.path, None,
+                                   f"cannot open step log: {e.strerror or e}") from e
+            self._owned = raw
+        else:
+            raw = source
+        self._fh = _maybe_gzip(raw)
+        self._lineno = 0
+        self._started = False
+        try:
+            self.header: Header = self._read_header()
+        except BaseException:
+            self.close()
+            raise
+
+    def _lines(self) -> Iterator[tuple[int, bytes]]:
+        """``(line number, line)`` for each non-blank line left; a last line without its
+        newline ends in none."""
+        while True:
+            try:
+                raw = self._fh.readline()
+            except EOFError:  # a gzip stream still being written ends mid-member
+                return
+            except (OSError, zlib.error) as e:
+                raise StepLogError(self.path, self._lineno + 1,
+                                   f"cannot read the step log: {e}") from e
+            if not raw:
+                return
+            self._lineno += 1
+            if raw.strip():
+                yield self._lineno, raw
+
+    def _read_header(self) -> Header:
+        first = next(self._lines(), None)
+        if first is None:
+            raise StepLogError(self.path, None, "the step log is empty (no header line)")
+        line, raw = first
+        try:
+            rec = parse_record(raw, PROTOCOL_VERSION)
+        except ValidationError as e:
+            if not raw.lstrip().startswith(b"{"):
+                raise StepLogError(self.path, line, "not a gradwatch step log (line 1 is "
+                                                    "not JSON)") from e
+            raise StepLogError(self.path, line, _describe(e)) from e
+        if not isinstance(rec, Header):
+            raise StepLogError(self.path, line, f"the first line must be the header, found "
+                                                f"a '{rec.type}' record")
+        return rec
+
+    def __iter__(self) -> Iterator[Any]:
+        return (rec for _, rec in self.numbered())
+
+    @property
+    def records(self) -> Iterator[Any]:
+        """The records after the header (one pass: a second iteration yields nothing)."""
+        return iter(self)
+
+    def numbered(self) -> Iterator[tuple[int, Any]]:
+        """``(line number, record)`` for each record after the header (one pass)."""
+        if self._started:
+            return
+        self._started = True
+        block: list[tuple[int, bytes]] = []
+        for line, raw in self._lines():
+            block.append((line, raw))
+            if len(block) >= BLOCK:
+                yield from self._validated(block)
+                block = []
+        yield from self._validated(block)
+
+    def _validated(self, block: list[tuple[int, bytes]]) -> list[tuple[int, Any]]:
+        if not block:
+            return []
+        v = self.header.v
+        try:
+            records = RECORDS_ADAPTER.validate_json(
+                b"[" + b",".join(raw for _, raw in block) + b"]", context={"v": v})
+        except ValidationError:
+            records = []
+        if len(records) != len(block):  # a bad line: find it, one line at a time
+            records = [self._one(line, raw, v) for line, raw in block]
+        out = []
+        for (line, _), rec in zip(block, records, strict=True):
+            if isinstance(rec, Header):
+                raise StepLogError(self.path, line, "a second header: this file is two logs "
+                                                    "concatenated; split it into one file "
+                                                    "per run")
+            if rec is not None:
+                out.append((line, rec))
+        return out
+
+    def _one(self, line: int, raw: bytes, v: int) -> Any:
+        try:
+            return parse_record(raw, v)
+        except ValidationError as e:
+            if raw.endswith(b"\n"):  # only the last line can lack its newline
+                raise StepLogError(self.path, line, _describe(e)) from e
+            self.warnings.append(f"{self.path}:{line}: last line is truncated (the writer "
+                                 f"stopped mid-line); ignored it")
+            return None
+
+    def close(self) -> None:
+        """Close the file the reader opened (a file object given stays open)."""
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
+
+    def __enter__(self) -> LogReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _maybe_gzip(raw: IO[bytes]) -> IO[bytes]:
+    """``raw``, or a gzip reader over it when it starts with gzip's magic bytes."""
+    peek = getattr(raw, "peek", None)
+    if peek is not None:
+        magic = peek(2)[:2]
+    else:  # a file object without peek (an upload): read two bytes and put them back
+        start = raw.tell()
+        magic = raw.read(2)
+        raw.seek(start)
+    if magic == GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    return raw
