@@ -232,8 +232,12 @@ class Step(_Record):
     param_fresh_norms: list[Norm] | None = Field(default=None, max_length=100_000)
     sites: StepSites | None = None
     """Where its finding facts come from (None on a step without one)."""
+    loss: float | None = None
+    """The training loss the step followed, where the probe saw it (NaN is data)."""
+    lr: list[float] | None = None
+    """The learning rate of each parameter group at this step, where known."""
 
-    @field_validator("norm", "fresh_norm", "drift", mode="before")
+    @field_validator("norm", "fresh_norm", "drift", "loss", mode="before")
     @classmethod
     def _nonfinite_from_strings(cls, v: Any) -> Any:
         return _parse_nonfinite(v)
@@ -321,7 +325,17 @@ class End(_Record):
     dropped: NonNegInt = 0
 
 
-AnyRecord = Header | OptimizerInfo | Site | Step | Stats | End | Unowned | Holding
+class Scalars(_Record):
+    """Named scalar values at one step (a loss part, a metric), of one optimizer or none."""
+
+    type: Literal["scalars"] = "scalars"
+    step: StepNumber
+    opt: str | None = Field(default=None, max_length=200)
+    values: dict[str, float] = Field(default_factory=dict, max_length=1000)
+
+
+AnyRecord = (Header | OptimizerInfo | Site | Step | Stats | End | Unowned | Holding
+             | Scalars)
 """Any record model (the plain union, for type hints)."""
 Record = Annotated[AnyRecord, Field(discriminator="type")]
 """Any record of a step log or stream, told apart by its ``type`` (for validation)."""

@@ -9,21 +9,22 @@ it directly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from gradwatch.frames import RunSummary
-from gradwatch.server.batch import IngestResult, RecordModel
+from gradwatch.server.batch import IngestResult, batch_of_records
 from gradwatch.server.fanout import Hub
 from gradwatch.server.files import private_dir
+from gradwatch.server.importing import LogBlocks
 from gradwatch.server.limits import IngestGate
 from gradwatch.server.parsing import FrameParser
 from gradwatch.server.reader import Reader
 from gradwatch.server.settings import Settings
 from gradwatch.server.storage import Store
 from gradwatch.server.streams import StreamTracker
-from gradwatch.wire import Header
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,7 +40,8 @@ class Runs:
     def __init__(self, settings: Settings):
         self.settings = settings
         private_dir(settings.data_dir)
-        self.store = Store(settings.data_dir, max_runs=settings.max_runs)
+        self.store = Store(settings.data_dir, max_runs=settings.max_runs,
+                           keep_param_norms=settings.keep_param_norms)
         self.reader = Reader(settings.data_dir)
         self.hub = Hub(summary_interval=settings.summary_interval,
                        max_clients=settings.max_live_clients, max_items=settings.live_queue,
@@ -97,17 +99,73 @@ class Runs:
             self.hub.publish_summary(summary)
         return summary
 
-    async def import_log(self, header: Header, records: list[RecordModel]) -> tuple[str, int]:
-        """Store a validated step log as a new run; returns its id and step count.
+    async def import_stream(self, chunks: AsyncIterator[bytes], name: str = "upload",
+                            display: str | None = None) -> tuple[str, int, list[str]]:
+        """Store a step log as a new run as it arrives, a block at a time: validating
+        block k+1 while block k is stored. Stored whole or not at all: a refused line
+        deletes what was stored of the run.
 
+        Args:
+            chunks: the log's bytes, in pieces of any size.
+            name: what errors call the log.
+            display: the run's display name (default: the header's).
+        Returns:
+            The run id, the number of step records stored, and warnings.
         Raises:
-            RunLimitReached, InvalidStream, StoreBusy: nothing was stored.
+            InvalidLog: a line is not a valid record (nothing stored).
+            RunLimitReached, StoreBusy, StorageFailed: nothing was stored.
         """
-        run_id, steps = await self.write(self.store.import_log, header, records)
+        blocks = LogBlocks(name)
+        run_id: str | None = None
+        steps = 0
+        writing: asyncio.Future[IngestResult] | None = None
+
+        async def stored() -> int:
+            return 0 if writing is None else len((await writing).rows)
+
+        async def block(lines: list[tuple[int, bytes]]) -> None:
+            nonlocal run_id, writing, steps
+            recs = await asyncio.to_thread(blocks.parse, lines)
+            if run_id is None:
+                if blocks.header is None:
+                    return
+                run_id = await self.write(self.store.import_start, blocks.header, display)
+                recs = recs[1:]
+            if not recs:
+                return
+            assert blocks.header is not None
+            batch = await asyncio.to_thread(batch_of_records, run_id, blocks.header.rank, recs)
+            steps += await stored()
+            writing = asyncio.wrap_future(self.store.submit(self.store.ingest, batch))
+
+        try:
+            async for data in chunks:
+                lines = blocks.feed(data)
+                if lines:
+                    await block(lines)
+            await block(blocks.finish())
+            blocks.check_end()
+            steps += await stored()
+            writing = None
+            assert run_id is not None
+            await self.write(self.store.import_end, run_id)
+        except BaseException:
+            if writing is not None:
+                with contextlib.suppress(Exception):
+                    await writing
+            if run_id is not None:
+                await asyncio.shield(self._forget(run_id))
+            raise
         summary = await asyncio.to_thread(self.reader.summary, run_id)
         if summary is not None:
             self.hub.publish_summary(summary)
-        return run_id, steps
+        return run_id, steps, blocks.warnings
+
+    async def _forget(self, run_id: str) -> None:
+        try:
+            await self.write(self.store.delete, run_id)
+        except Exception:
+            log.exception("could not delete the partly imported run %s", run_id)
 
     def _lost(self, run: str) -> None:
         task = asyncio.get_running_loop().create_task(self._mark_interrupted(run))

@@ -1,0 +1,143 @@
+"""A step log read as it arrives: lines split, validated and batched a block at a time.
+
+``POST /api/runs/import`` and ``serve --import`` feed bytes in (:class:`LogBlocks`), and
+get back batches of validated records ready for storage (:class:`~server.batch.Batch`,
+built here, off the writer thread). Memory holds one block of text and its records,
+however long the log. The rules are the step-log reader's: a header first and only
+first, every line a valid record (an error names the line and the field), a truncated
+*last* line tolerated with a warning. Records are parsed one line at a time with
+:func:`gradwatch.wire.parse_record`. Plain module: no FastAPI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from pydantic import ValidationError
+
+from gradwatch.server.batch import Batch, batch_of_records
+from gradwatch.server.errors import InvalidLog
+from gradwatch.wire import Header, parse_record
+
+BLOCK_BYTES = 1 << 20
+"""Text handed on at a time (a block ends at a line's end)."""
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(x) for x in first.get("loc", ()))
+    msg = first.get("msg", "invalid")
+    return f"{msg} (at {loc})" if loc else msg
+
+
+class LogBlocks:
+    """Turns a step log's bytes, fed in pieces, into validated blocks of records.
+
+    Args:
+        name: what errors call the log (``upload``, a file's path).
+        run: the run id to give the header (a free one); ``None``: the log's own.
+    """
+
+    def __init__(self, name: str, run: str | None = None):
+        self.name = name
+        self.run = run
+        self.header: Header | None = None
+        self.warnings: list[str] = []
+        self.lines = 0
+        self._tail = b""
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """Take more bytes; the complete lines they end, numbered."""
+        if not data:
+            return []
+        data = self._tail + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self._tail = data
+            return []
+        self._tail = data[cut + 1:]
+        out = []
+        for raw in data[:cut].split(b"\n"):
+            self.lines += 1
+            if raw.strip():
+                out.append((self.lines, raw))
+        return out
+
+    def finish(self) -> list[tuple[int, bytes]]:
+        """The last line, if it did not end with a newline (possibly truncated)."""
+        tail, self._tail = self._tail, b""
+        if not tail.strip():
+            return []
+        self.lines += 1
+        return [(-self.lines, tail)]  # negative: the unterminated last line
+
+    def parse(self, lines: list[tuple[int, bytes]]) -> list[Any]:
+        """Validate numbered lines into records (the header replaced by its new id).
+
+        Raises:
+            InvalidLog: a line is not a valid record, or breaks the header rules.
+        """
+        out: list[Any] = []
+        for n, raw in lines:
+            last, n = n < 0, abs(n)
+            try:
+                rec = parse_record(raw)
+            except ValidationError as e:
+                if last and self.header is not None:
+                    self.warnings.append(f"{self.name}:{n}: last line is truncated (the "
+                                         f"writer stopped mid-line); ignored it")
+                    continue
+                if n == 1 and not raw.lstrip().startswith(b"{"):
+                    raise InvalidLog(f"{self.name}:{n}: not a gradwatch step log (line 1 "
+                                     f"is not JSON)") from None
+                raise InvalidLog(f"{self.name}:{n}: {_describe(e)}") from None
+            if isinstance(rec, Header):
+                if self.header is not None:
+                    raise InvalidLog(f"{self.name}:{n}: a second header: this file is two "
+                                     f"logs concatenated; split it into one file per run")
+                if self.run is not None:
+                    rec = rec.model_copy(update={"run": self.run})
+                self.header = rec
+            elif self.header is None:
+                raise InvalidLog(f"{self.name}:{n}: the first line must be the header, "
+                                 f"found a '{rec.type}' record")
+            out.append(rec)
+        return out
+
+    def batch(self, lines: list[tuple[int, bytes]]) -> Batch:
+        """:meth:`parse`, as a batch of the header's stream ready for storage.
+
+        Raises:
+            InvalidLog: as :meth:`parse`.
+        """
+        recs = self.parse(lines)
+        h = self.header
+        if h is None:
+            return Batch(self.run or "", 0, [])
+        return batch_of_records(h.run, h.rank, recs)
+
+    def check_end(self) -> None:
+        """Raises :class:`InvalidLog` for a log without a header line (empty)."""
+        if self.header is None:
+            raise InvalidLog(f"{self.name}: the step log is empty (no header line)")
+
+
+def file_blocks(fh: IO[bytes], size: int = BLOCK_BYTES) -> Iterator[bytes]:
+    """A binary file's bytes, a block at a time."""
+    while chunk := fh.read(size):
+        yield chunk
+
+
+def validate(name: str, chunks: Iterable[bytes]) -> list[str]:
+    """Read a whole log through, storing nothing; its warnings.
+
+    Raises:
+        InvalidLog: the log is not valid (the error names the line and field).
+    """
+    blocks = LogBlocks(name)
+    for data in chunks:
+        blocks.parse(blocks.feed(data))
+    blocks.parse(blocks.finish())
+    blocks.check_end()
+    return blocks.warnings
