@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response, UploadFile
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
@@ -24,7 +24,7 @@ from gradwatch.server.errors import (
     StorageFailed,
     StoreBusy,
 )
-from gradwatch.server.importing import BLOCK_BYTES
+from gradwatch.server.importing import MultipartFile
 from gradwatch.server.runs import Runs
 from gradwatch.wire import INT64_MAX, Finding, Header
 
@@ -208,22 +208,27 @@ async def import_log(request: Request) -> Response:
     runs = _runs(request)
     limit = runs.settings.max_import_bytes
     ctype = request.headers.get("content-type", "")
-    name, chunks = "upload", _limited(request.stream(), limit)
-    if ctype.startswith("multipart/form-data"):
-        # Starlette spools an uploaded file to disk past 1 MiB: memory stays bounded.
-        form = await request.form(max_files=1, max_fields=8, max_part_size=1 << 20)
-        try:
-            up = form.get("file")
-            if up is None or isinstance(up, str):
-                raise HTTPException(400, "multipart upload without a 'file' field")
-            name = Path(up.filename or "upload").name
-            chunks = _limited(_file_chunks(up), limit)
-            run_id, n, warnings = await runs.import_stream(chunks, name)
-        finally:
-            await form.close()
+    chunks = _limited(request.stream(), limit)
+    if not ctype.startswith("multipart/form-data"):
+        run_id, n, warnings = await runs.import_stream(chunks)
     else:
-        run_id, n, warnings = await runs.import_stream(chunks, name)
+        part = MultipartFile(ctype)
+        first = b""
+        async for data in chunks:  # up to the file's first bytes: its name is known then
+            first = part.feed(data)
+            if first or part.filename != "upload":
+                break
+        run_id, n, warnings = await runs.import_stream(_file_of(part, first, chunks),
+                                                       Path(part.filename).name)
     return _json(Imported(run=run_id, steps=n, warnings=warnings), 201)
+
+
+async def _file_of(part: MultipartFile, first: bytes, chunks: AsyncIterator[bytes]
+                   ) -> AsyncIterator[bytes]:
+    yield first
+    async for data in chunks:
+        yield part.feed(data)
+    part.finish()
 
 
 async def _limited(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
@@ -232,9 +237,4 @@ async def _limited(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[by
         size += len(chunk)
         if size > limit:
             raise HTTPException(413, f"step log too big: the limit is {limit} bytes")
-        yield chunk
-
-
-async def _file_chunks(up: UploadFile) -> AsyncIterator[bytes]:
-    while chunk := await up.read(BLOCK_BYTES):
         yield chunk

@@ -141,3 +141,87 @@ def validate(name: str, chunks: Iterable[bytes]) -> list[str]:
     blocks.parse(blocks.finish())
     blocks.check_end()
     return blocks.warnings
+
+
+class MultipartFile:
+    """The content of the ``file`` field of a ``multipart/form-data`` body, streamed.
+
+    Fed the body in pieces, it hands on the bytes of the first part named ``file`` as they
+    arrive (keeping back only what could be the start of the closing boundary), so an
+    upload is never held whole.
+
+    Args:
+        ctype: the request's Content-Type (with its ``boundary``).
+    Raises:
+        InvalidLog: no boundary in the Content-Type.
+    """
+
+    def __init__(self, ctype: str):
+        boundary = None
+        for part in ctype.split(";")[1:]:
+            k, _, v = part.strip().partition("=")
+            if k.lower() == "boundary":
+                boundary = v.strip().strip('"')
+        if not boundary:
+            raise InvalidLog("multipart upload without a boundary in its Content-Type")
+        self._delim = b"\r\n--" + boundary.encode("latin-1")
+        self._buf = b"\r\n"  # the first delimiter has no CRLF before it
+        self._state = "preamble"  # -> headers -> body (the file) -> done
+        self.filename = "upload"
+
+    def feed(self, data: bytes) -> bytes:
+        """Take more of the body; the file bytes it completes."""
+        self._buf += data
+        out = []
+        while True:
+            if self._state == "preamble" or self._state == "skip":
+                i = self._buf.find(self._delim)
+                if i < 0:
+                    self._buf = self._buf[-len(self._delim):]
+                    break
+                self._buf = self._buf[i + len(self._delim):]
+                self._state = "headers"
+            elif self._state == "headers":
+                i = self._buf.find(b"\r\n\r\n")
+                if i < 0:
+                    if len(self._buf) > 16 << 10:
+                        raise InvalidLog("multipart part headers too long")
+                    break
+                head = self._buf[:i].decode("latin-1")
+                self._buf = self._buf[i + 4:]
+                self._state = "skip"
+                for line in head.split("\r\n"):
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-disposition":
+                        params = _params(value)
+                        if params.get("name") == "file":
+                            self._state = "body"
+                            self.filename = params.get("filename") or "upload"
+            elif self._state == "body":
+                i = self._buf.find(self._delim)
+                if i >= 0:
+                    out.append(self._buf[:i])
+                    self._buf = b""
+                    self._state = "done"
+                    break
+                keep = len(self._delim)
+                out.append(self._buf[:-keep])
+                self._buf = self._buf[-keep:]
+                break
+            else:
+                self._buf = b""
+                break
+        return b"".join(out)
+
+    def finish(self) -> None:
+        """Raises :class:`InvalidLog` if the body held no complete ``file`` field."""
+        if self._state != "done":
+            raise InvalidLog("multipart upload without a complete 'file' field")
+
+
+def _params(value: str) -> dict[str, str]:
+    out = {}
+    for part in value.split(";")[1:]:
+        k, _, v = part.strip().partition("=")
+        out[k.strip().lower()] = v.strip().strip('"')
+    return out

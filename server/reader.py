@@ -184,7 +184,8 @@ class Reader:
                 got = c.execute(sql + "AND p.step BETWEEN ? AND ? ORDER BY p.step",
                                 (sid, lo, hi)).fetchall()
             else:
-                kept = sorted({_kept_near(c, sid, x, b, lo, hi) for x in picked} - {None})
+                near = {_kept_near(c, sid, x, b, lo, hi) for x in picked}
+                kept = sorted(x for x in near if x is not None)
                 for i in range(0, len(kept), 900):
                     part = kept[i:i + 900]
                     got += c.execute(sql + f"AND p.step IN ({','.join('?' * len(part))}) "
@@ -288,5 +289,5 @@ def _kept_near(c: sqlite3.Connection, sid: int, step: int, b: int, lo: int, hi: 
     after = c.execute("SELECT min(step) FROM param_norms WHERE sid=? AND step BETWEEN ? "
                       "AND ?", (sid, step, b1)).fetchone()[0]
     if before is None or (after is not None and after - step < step - before):
-        return after  # type: ignore[no-any-return]
-    return before  # type: ignore[no-any-return]
+        return after
+    return before

@@ -101,7 +101,7 @@ def pack_norms(xs: list[float | None] | None) -> bytes | str | None:
     if xs is None:
         return None
     try:
-        a = array("f", xs)  # type: ignore[arg-type]
+        a = array("f", xs)  # type: ignore[type-var]
     except (TypeError, OverflowError):  # a None entry, a value past float32
         return _json_norms(xs)
     if a.tolist() != xs and any(y != x and not (x != x and y != y)
@@ -130,7 +130,7 @@ def _wire_float(x: float | None) -> Any:
 def _float(x: Any) -> float | None:
     if isinstance(x, str):
         return float(x.lower().replace("infinity", "inf"))
-    return x  # type: ignore[no-any-return]
+    return x
 
 
 def _json_norms(xs: list[float | None]) -> str:
