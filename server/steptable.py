@@ -35,7 +35,7 @@ FLAG_PFRESH_IS_PNORM = 64
 """``param_fresh_norms`` equals ``param_norms``: ``param_norms.fresh`` is left NULL."""
 _NAN = float("nan")
 
-_COLUMNS = ("norm", "fresh_norm", "drift", "skipped", "stale", "leaked", "late_params",
+_COLUMNS = ("norm", "fresh_norm", "drift", "skipped", "stale", "leaked",
             "discarded", "backwards", "consumed", "fresh", "closure_evals", "resets",
             "loss", "lr", "param_norms", "param_fresh_norms", "seq", "t", "opt", "step",
             "type")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import synth
-from apps import app_settings  # noqa: I001
+from apps import app_settings
 from fastapi.testclient import TestClient
 
 from gradwatch.server import create_app
