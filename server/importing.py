@@ -123,6 +123,22 @@ class LogBlocks:
             raise InvalidLog(f"{self.name}: the step log is empty (no header line)")
 
 
+def batch_of_lines(name: str, lines: list[tuple[int, bytes]], run: str, rank: int) -> Batch:
+    """Numbered lines after the header's block, validated into a batch of ``(run, rank)``:
+    what a parser process does (no state crosses but the arguments).
+
+    Raises:
+        InvalidLog: as :meth:`LogBlocks.parse` (a header here is a second header).
+    """
+    blocks = LogBlocks(name)
+    blocks.header = _SEEN
+    return batch_of_records(run, rank, blocks.parse(lines))
+
+
+_SEEN: Any = object()
+"""Stands for a header read in an earlier block."""
+
+
 def file_blocks(fh: IO[bytes], size: int = BLOCK_BYTES) -> Iterator[bytes]:
     """A binary file's bytes, a block at a time."""
     while chunk := fh.read(size):

@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from gradwatch.frames import RunSummary
-from gradwatch.server.batch import IngestResult, batch_of_records
+from gradwatch.server.batch import Batch, IngestResult, batch_of_records
 from gradwatch.server.fanout import Hub
 from gradwatch.server.files import private_dir
-from gradwatch.server.importing import LogBlocks
+from gradwatch.server.importing import LogBlocks, batch_of_lines
 from gradwatch.server.limits import IngestGate
 from gradwatch.server.parsing import FrameParser
 from gradwatch.server.reader import Reader
@@ -118,41 +119,63 @@ class Runs:
         blocks = LogBlocks(name)
         run_id: str | None = None
         steps = 0
+        parsing: deque[asyncio.Future[Batch]] = deque()
         writing: asyncio.Future[IngestResult] | None = None
 
-        async def stored() -> int:
-            return 0 if writing is None else len((await writing).rows)
+        async def store_next() -> None:
+            """Hand the oldest parsed block to the writer once the one before is stored."""
+            nonlocal writing, steps
+            batch = await parsing.popleft()
+            if writing is not None:
+                steps += len((await writing).rows)
+            writing = asyncio.wrap_future(self.store.submit(self.store.ingest, batch))
 
         async def block(lines: list[tuple[int, bytes]]) -> None:
-            nonlocal run_id, writing, steps
-            recs = await asyncio.to_thread(blocks.parse, lines)
-            if run_id is None:
+            nonlocal run_id
+            if run_id is None:  # the header's block: read here, the run made from it
+                recs = await asyncio.to_thread(blocks.parse, lines)
                 if blocks.header is None:
                     return
                 run_id = await self.write(self.store.import_start, blocks.header, display)
-                recs = recs[1:]
-            if not recs:
-                return
-            assert blocks.header is not None
-            batch = await asyncio.to_thread(batch_of_records, run_id, blocks.header.rank, recs)
-            steps += await stored()
-            writing = asyncio.wrap_future(self.store.submit(self.store.ingest, batch))
+                batch = await asyncio.to_thread(batch_of_records, run_id,
+                                                blocks.header.rank, recs[1:])
+                parsing.append(asyncio.get_running_loop().create_future())
+                parsing[-1].set_result(batch)
+            else:  # later blocks: validated in the parser pool, several at once
+                assert blocks.header is not None
+                parsing.append(asyncio.ensure_future(self.parser.run(
+                    batch_of_lines, name, lines, run_id, blocks.header.rank)))
+            while len(parsing) > self.parser.workers:
+                await store_next()
 
         try:
             async for data in chunks:
                 lines = blocks.feed(data)
                 if lines:
                     await block(lines)
-            await block(blocks.finish())
+            tail = blocks.finish()
+            if tail:  # a possibly truncated last line: read here, where warnings are kept
+                if run_id is None:
+                    await block(tail)
+                else:
+                    recs = blocks.parse(tail)
+                    fut = asyncio.get_running_loop().create_future()
+                    fut.set_result(batch_of_records(run_id, blocks.header.rank, recs)
+                                   if recs and blocks.header is not None
+                                   else Batch(run_id, 0, []))
+                    parsing.append(fut)
             blocks.check_end()
-            steps += await stored()
+            while parsing:
+                await store_next()
+            if writing is not None:
+                steps += len((await writing).rows)
             writing = None
             assert run_id is not None
             await self.write(self.store.import_end, run_id)
         except BaseException:
-            if writing is not None:
-                with contextlib.suppress(Exception):
-                    await writing
+            for fut in [*parsing, *([writing] if writing is not None else [])]:
+                with contextlib.suppress(BaseException):
+                    await fut
             if run_id is not None:
                 await asyncio.shield(self._forget(run_id))
             raise
