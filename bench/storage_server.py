@@ -42,6 +42,7 @@ TENSORS = 20
 
 def probe_log(path: Path, steps: int) -> Path:
     """A step log of the 20-tensor model trained ``steps`` clean steps, norms every step."""
+    path.unlink(missing_ok=True)
     try:
         import torch
 
@@ -107,6 +108,7 @@ async def _import(data: Path, log: Path) -> tuple[str, int, float]:
                 yield b
 
     try:
+        await runs.parser.run(len, b"")  # a server's parser process is up before imports
         t = time.perf_counter()
         run_id, n, _ = await runs.import_stream(chunks(), log.name)
         dt = time.perf_counter() - t
@@ -167,11 +169,12 @@ def million(data: Path, steps: int = 1_000_000, tensors: int = 150) -> dict[str,
     resets = [Reset(how="optimizer_zero_grad", params=list(range(tensors)))]
     fields = {f: Step.model_fields[f].get_default(call_default_factory=True)
               for f in Step.model_fields}
+    vals = [_f32(0.01 + 1e-3 * v) for v in range(97)]  # float32 values, as the probe's
     t = time.perf_counter()
     for lo in range(0, steps, 5000):
         recs = []
         for i in range(lo, min(steps, lo + 5000)):
-            pn = [_f32(0.01 + 1e-3 * ((i * 7 + k) % 97)) for k in range(tensors)]
+            pn = [vals[(i * 7 + k) % 97] for k in range(tensors)]
             n = _f32(1.0 + 0.3 * math.sin(i / 50))
             recs.append(trusted(Step, {**fields, "seq": i + 2, "t": 1e9 + i * 0.5,
                                        "opt": "AdamW#0", "step": i, "backwards": 1,
