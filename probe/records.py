@@ -162,7 +162,7 @@ def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: S
         "leaked_params": sorted(tally.leaked_params), "late_params": sorted(late),
         "discarded": discarded, "discarded_params": sorted(discarded_params),
         "resets": resets, "norm": norm, "fresh_norm": fresh_norm, "drift": drift,
-        "param_norms": per, "param_fresh_norms": fresh,
+        "param_norms": per, "param_fresh_norms": fresh, "loss": None, "lr": None,
         "sites": None if sites is None else trusted(StepSites, {
             "step": sites.step or None, "stale": sorted(sites.stale)[:_MAX_SITES],
             "leaked": sorted(sites.leaked)[:_MAX_SITES],
