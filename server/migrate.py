@@ -25,8 +25,8 @@ from pydantic import ValidationError
 from gradwatch.server import chunks, db
 from gradwatch.server.errors import NewerDatabase
 from gradwatch.server.files import private_files
-from gradwatch.server.steptable import step_columns
-from gradwatch.server.writes import ResetSets
+from gradwatch.server.steptable import PARAMS, PFRESH, step_columns
+from gradwatch.server.writes import ResetSets, step_row
 from gradwatch.wire import Step
 
 log = logging.getLogger(__name__)
@@ -133,12 +133,9 @@ def _from_2(conn: sqlite3.Connection, version: int) -> None:
                 continue
             last_t[sid] = s.t
             c = step_columns(s)
-            rset = None if c.resets is None else resets.id_of(conn, c.resets, c.summary)
-            steps.append((sid, c.step, c.seq, c.t, c.norm, c.fresh_norm, c.drift, c.flags,
-                          c.stale, c.leaked, c.late, c.discarded, c.backwards, c.consumed,
-                          c.fresh, c.closure_evals, rset, c.loss, c.lr, c.detail))
-            if c.param_norms is not None or c.param_fresh_norms is not None:
-                params.append((sid, c.step, c.param_norms, c.param_fresh_norms))
+            steps.append(step_row(conn, sid, c, resets))
+            if c[PARAMS] is not None or c[PFRESH] is not None:
+                params.append((sid, s.step, c[PARAMS], c[PFRESH]))
         conn.executemany("INSERT INTO steps VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                          steps)
         conn.executemany("INSERT INTO param_norms VALUES(?,?,?,?)", params)

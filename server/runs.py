@@ -173,7 +173,10 @@ class Runs:
             assert run_id is not None
             await self.write(self.store.import_end, run_id)
         except BaseException:
-            for fut in [*parsing, *([writing] if writing is not None else [])]:
+            pending: list[asyncio.Future[Any]] = [*parsing]
+            if writing is not None:
+                pending.append(writing)
+            for fut in pending:
                 with contextlib.suppress(BaseException):
                     await fut
             if run_id is not None:

@@ -19,7 +19,7 @@ import math
 import sqlite3
 from array import array
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any
 
 from gradwatch.server.downsampling import Bucket
 from gradwatch.server.rows import KEEP_NONFINITE, Row
@@ -62,33 +62,15 @@ MUST_KEEP_SQL = "(" + " OR ".join(
 """A ``steps`` row a plot must never lose (``9e999`` is SQLite's infinity)."""
 
 
-class StepCols(NamedTuple):
-    """One step record as columns, before the writer knows its series and reset-set id."""
-
-    step: int
-    seq: int
-    t: float
-    norm: float | None
-    fresh_norm: float | None
-    drift: float | None
-    flags: int
-    stale: int
-    leaked: int
-    late: int
-    discarded: int
-    backwards: int
-    consumed: int
-    fresh: int
-    closure_evals: int
-    resets: str | None
-    """The resets as JSON (a ``reset_sets`` body), None for none."""
-    summary: str | None
-    """The resets as ``how:n;how:n``."""
-    loss: float | None
-    lr: str | None
-    detail: str | None
-    param_norms: bytes | str | None
-    param_fresh_norms: bytes | str | None
+StepCols = tuple[Any, ...]
+"""One step record as columns, before the writer knows its series and reset-set id: a
+plain tuple (it crosses from the parser processes by the batch), in the order of the
+``steps`` columns after ``sid`` (:data:`STEP_ROW`), then the resets' ``reset_sets`` body
+and summary (:data:`RESETS`, :data:`SUMMARY`), then the per-parameter norms and fresh
+norms, packed (:data:`PARAMS`, :data:`PFRESH`)."""
+C_STEP, RESETS, SUMMARY, PARAMS, PFRESH = 0, 19, 20, 21, 22
+STEP_ROW = slice(0, 19)
+"""The ``steps`` values after ``sid``, with ``rset`` (index 15) still to fill in."""
 
 
 def _nan(x: float | None) -> bool:
@@ -134,13 +116,32 @@ def _float(x: Any) -> float | None:
 
 
 def _json_norms(xs: list[float | None]) -> str:
+    try:
+        if all(map(math.isfinite, xs)):  # type: ignore[arg-type]
+            return "[" + ",".join(map(float.__repr__, xs)) + "]"
+    except TypeError:  # a None entry
+        pass
     return json.dumps([_wire_float(x) for x in xs], separators=(",", ":"))
+
+
+_RESETS_SEEN: dict[tuple[Any, ...], tuple[str, str]] = {}
 
 
 def resets_text(s: Step) -> tuple[str | None, str | None]:
     """A step's resets as a ``reset_sets`` body (JSON, defaults left out) and summary."""
     if not s.resets:
         return None, None
+    key = tuple((r.how, *r.params, -1, r.discarded, r.after_backward, r.site)
+                for r in s.resets)
+    got = _RESETS_SEEN.get(key)
+    if got is None:  # once per distinct set (a run's steps share a few)
+        if len(_RESETS_SEEN) > 4096:
+            _RESETS_SEEN.clear()
+        got = _RESETS_SEEN[key] = _resets_text(s)
+    return got
+
+
+def _resets_text(s: Step) -> tuple[str, str]:
     out, summary = [], []
     for r in s.resets:
         d: dict[str, Any] = {"how": r.how, "params": r.params}
@@ -176,15 +177,13 @@ def step_columns(s: Step) -> StepCols:
             detail[f] = v.model_dump(exclude_defaults=True) if hasattr(v, "model_dump") \
                 else v
     rs, summary = resets_text(s)
-    return StepCols(
-        s.step, s.seq, s.t, None if flags & 1 else norm, None if flags & 2 else fresh,
-        None if flags & 4 else drift, flags, s.stale, s.leaked, len(s.late_params),
-        s.discarded, s.backwards, s.consumed, s.fresh, s.closure_evals, rs, summary,
-        None if flags & 32 else loss,
-        None if s.lr is None else json.dumps([_wire_float(x) for x in s.lr],
-                                             separators=(",", ":")),
-        None if detail is None else json.dumps(detail, separators=(",", ":")),
-        pack_norms(pn), pack_norms(pf))
+    return (s.step, s.seq, s.t, None if flags & 1 else norm, None if flags & 2 else fresh,
+            None if flags & 4 else drift, flags, s.stale, s.leaked, len(s.late_params),
+            s.discarded, s.backwards, s.consumed, s.fresh, s.closure_evals, None,
+            None if flags & 32 else loss,
+            None if s.lr is None else _json_norms(s.lr),  # type: ignore[arg-type]
+            None if detail is None else json.dumps(detail, separators=(",", ":")),
+            rs, summary, pack_norms(pn), pack_norms(pf))
 
 
 RECORD_SELECT = ("SELECT s.seq, s.t, s.step, s.norm, s.fresh_norm, s.drift, s.flags, "

@@ -17,6 +17,7 @@ from gradwatch.frames import OptimizerView
 from gradwatch.server.batch import Batch, Entry, IngestResult
 from gradwatch.server.rows import Row, must_keep
 from gradwatch.server.runstate import RunState
+from gradwatch.server.steptable import C_STEP, PARAMS, PFRESH, RESETS, STEP_ROW, SUMMARY, StepCols
 from gradwatch.wire import End, Header, OptimizerInfo, Scalars, Stats
 
 _INSERT_RECORD = "INSERT OR IGNORE INTO records(rid, rank, seq, kind, body) VALUES(?,?,?,?,?)"
@@ -53,6 +54,15 @@ class ResetSets:
         self._ids.clear()
 
 
+def step_row(conn: sqlite3.Connection, sid: int, c: StepCols, resets: ResetSets
+             ) -> tuple[Any, ...]:
+    """The ``steps`` values of one step's columns in series ``sid``."""
+    row = [sid, *c[STEP_ROW]]
+    if c[RESETS] is not None:
+        row[16] = resets.id_of(conn, c[RESETS], c[SUMMARY])
+    return tuple(row)
+
+
 def _new_steps(conn: sqlite3.Connection, st: RunState, rank: int,
                steps: list[Entry]) -> list[tuple[int, Entry]]:
     """The steps of a batch not stored yet, with their series ids."""
@@ -61,7 +71,7 @@ def _new_steps(conn: sqlite3.Connection, st: RunState, rank: int,
     for e in steps:
         assert e.row is not None and e.cols is not None
         sid = st.series(conn, rank, e.row.opt)
-        step = e.cols.step
+        step = e.cols[C_STEP]
         if step > st.last_step.get(sid, -1):  # above every stored step: new for sure
             st.last_step[sid] = step
         elif (sid, step) in seen or conn.execute(
@@ -100,14 +110,11 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch, res: Inges
     for sid, e in fresh:
         c, row = e.cols, e.row
         assert c is not None and row is not None
-        rset = None if c.resets is None else resets.id_of(conn, c.resets, c.summary)
-        step_rows.append((sid, c.step, c.seq, c.t, c.norm, c.fresh_norm, c.drift, c.flags,
-                          c.stale, c.leaked, c.late, c.discarded, c.backwards, c.consumed,
-                          c.fresh, c.closure_evals, rset, c.loss, c.lr, c.detail))
-        if c.param_norms is not None or c.param_fresh_norms is not None:
+        step_rows.append(step_row(conn, sid, c, resets))
+        if c[PARAMS] is not None or c[PFRESH] is not None:
             keep = st.keep_every.get(sid, 1)
-            if keep <= 1 or c.step % keep == 0 or must_keep(row):
-                param_rows.append((sid, c.step, c.param_norms, c.param_fresh_norms))
+            if keep <= 1 or c[C_STEP] % keep == 0 or must_keep(row):
+                param_rows.append((sid, c[C_STEP], c[PARAMS], c[PFRESH]))
         res.rows.append(row)
         touched.setdefault(sid, []).append(row)
         new.append(e)
