@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -211,6 +212,10 @@ def main(argv: Sequence[str]) -> int:
         open_current(settings.data_dir).close()
     except NewerDatabase as e:
         print(f"gradwatch serve: {e}", file=sys.stderr)
+        return 2
+    except sqlite3.Error as e:  # a full disk mid-migration: nothing changed
+        print(f"gradwatch serve: cannot open the database in {settings.data_dir}: {e}",
+              file=sys.stderr)
         return 2
     if a.imports:
         rc = import_logs(settings, a.imports)

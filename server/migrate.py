@@ -66,7 +66,11 @@ def open_current(data_dir: Path) -> sqlite3.Connection:
         log.info("migrating %s from schema 2 to %d (once)...", data_dir / db.DB_NAME,
                  db.SCHEMA_VERSION)
         _in_transaction(conn, lambda: _from_2(conn, version))
-        conn.execute("VACUUM")
+        try:  # gives back the room the JSON copies took; needs that much free space
+            conn.execute("VACUUM")
+        except sqlite3.Error as e:
+            log.warning("migrated, but could not compact the database (%s); it works as "
+                        "it is, larger than it need be", e)
         private_files(data_dir)
         log.info("migrated")
     return conn
