@@ -107,3 +107,49 @@ def test_a_row_stored_with_t_nan_by_an_old_release_reads(tmp_path: Path) -> None
 
 
 
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    """A 1 MiB tmpfs the test mounts and removes itself (skipped where it cannot mount)."""
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_filesystem_refuses_the_batch_and_loses_nothing(small_fs: Path) -> None:
+    import subprocess
+
+    recs = synth.records(steps=20_000, end=True)
+    s = Store(small_fs / "data")
+    s.start()
+    failed_at = None
+    for i in range(0, len(recs), 500):
+        try:
+            s.call(s.ingest, batch(recs[i:i + 500]))
+        except StorageFailed as e:
+            failed_at = i
+            assert "full" in e.reason or "disk" in e.reason, e.reason
+            break
+    assert failed_at is not None, "the filesystem never filled"
+    stored = s.call(s.resume_seq, "run1", 0)
+    assert stored == failed_at - 1  # memory agrees with the disk
+    got = Reader(small_fs / "data").steps("run1", max_points=100_000)
+    assert got is not None and [x.step for x in got.rows] == list(range(stored - 1))
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True)
+    for i in range(stored + 1, len(recs), 500):  # room again: the stream resends
+        s.call(s.ingest, batch(recs[i:i + 500]))
+    s.close()
+    r = Reader(small_fs / "data")
+    got = r.steps("run1", max_points=100_000)
+    assert got is not None and [x.step for x in got.rows] == list(range(20_000))
+    assert r.summary("run1").status == "finished"  # type: ignore[union-attr]
+    r.close()
