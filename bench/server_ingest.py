@@ -7,11 +7,16 @@ prints figures (not pass/fail):
   ingest connections;
 - step-to-live-client latency p50/p99 with 1 and with 50 live clients while 1,000
   steps/s in total stream in (batches of 10 every 10 ms);
+- many runs and ranks at once: 8 runs x 4 ranks streaming into one server (32 ingest
+  connections), step records/s stored in total and the ack latency p99 (a frame's send to
+  its ack), and the step-to-live-client p99 of 50 live clients of another run streaming
+  1,000 steps/s meanwhile (``--no-many`` skips it);
 - ``GET /api/runs/{id}/steps?max_points=4000`` on a 1,000,000-step run (``--no-million``
   skips building it).
 
 Targets on a 2-core machine: >= 20,000 step records/s; p99 < 50 ms with 50 clients.
-Usage: ``python bench/server_ingest.py [--steps N] [--seconds S] [--no-million]``.
+Usage: ``python bench/server_ingest.py [--steps N] [--seconds S] [--no-many]
+[--no-million]``.
 """
 
 from __future__ import annotations
@@ -66,18 +71,67 @@ def frames(run: str, n: int, size: int = 1000) -> list[str]:
             for i in range(0, len(recs), size)]
 
 
-def send_all(url: str, texts: list[str], window: int = 4) -> None:
-    """Send frames with up to ``window`` unacked, until the last is acked (stored)."""
+def send_all(url: str, texts: list[str], window: int = 4,
+             acks: list[float] | None = None) -> None:
+    """Send frames with up to ``window`` unacked, until the last is acked (stored).
+
+    Args:
+        acks: if given, gets each frame's seconds from its send to its ack.
+    """
+    sent: list[float] = []
     with connect(url, compression=None, max_size=None) as ws:
         inflight = 0
+
+        def ack() -> None:
+            Ack.model_validate_json(ws.recv())
+            if acks is not None:
+                acks.append(time.perf_counter() - sent[len(acks_of)])
+            acks_of.append(1)
+
+        acks_of: list[int] = []
         for text in texts:
             if inflight >= window:
-                Ack.model_validate_json(ws.recv())
+                ack()
                 inflight -= 1
+            sent.append(time.perf_counter())
             ws.send(text)
             inflight += 1
         for _ in range(inflight):
-            Ack.model_validate_json(ws.recv())
+            ack()
+
+
+def stream_frames(run: str, rank: int, world: int, n: int, size: int = 500) -> list[str]:
+    """Frames of one rank of a ``world``-rank run."""
+    recs = records(run, n)
+    recs[0] = recs[0].model_copy(update={"rank": rank, "world_size": world})
+    return [IngestBatch(run=run, rank=rank, records=recs[i:i + size]).model_dump_json()
+            for i in range(0, len(recs), size)]
+
+
+def many(srv: ServerProc, runs: int, ranks: int, steps_each: int, seconds: float
+         ) -> tuple[float, list[float], list[float]]:
+    """``runs`` x ``ranks`` streams at once; records/s stored, ack latencies, and the live
+    latencies of 50 clients of another run streaming meanwhile."""
+    work = {(r, k): stream_frames(f"many{r}", k, ranks, steps_each)
+            for r in range(runs) for k in range(ranks)}
+    acks: list[list[float]] = [[] for _ in work]
+    threads = [threading.Thread(target=send_all, args=(srv.ws + "/ws/ingest", w, 4, a))
+               for w, a in zip(work.values(), acks, strict=True)]
+    live: list[float] = []
+    watcher = threading.Thread(target=lambda: live.extend(asyncio.run(
+        latency(srv, 50, seconds, "many-live"))))
+    watcher.start()
+    time.sleep(1.0)  # the live clients are connected and the run is streaming
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    dt = time.perf_counter() - t
+    watcher.join()
+    stored = sum(srv.get(f"/api/runs/many{r}")["steps"] for r in range(runs))
+    assert stored == runs * ranks * steps_each, (stored, runs * ranks * steps_each)
+    return stored / dt, [x for a in acks for x in a], live
 
 
 def throughput(srv: ServerProc, conns: int, steps_each: int, tag: str) -> float:
@@ -183,11 +237,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=60_000, help="step records per ingest test")
     p.add_argument("--seconds", type=float, default=5.0, help="length of each latency test")
     p.add_argument("--no-million", action="store_true", help="skip the 1M-step query")
+    p.add_argument("--no-many", action="store_true", help="skip 8 runs x 4 ranks")
+    p.add_argument("--only-many", action="store_true", help="only 8 runs x 4 ranks")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gradwatch-bench-") as d:
         srv = ServerProc(Path(d) / "data", None, "--max-msgs-per-sec", "100000",
                          "--max-live-clients", "500")
         with srv:
+            if not a.no_many:
+                rate, acks, live = many(srv, 8, 4, a.steps // 32, a.seconds * 2)
+                print(f"8 runs x 4 ranks at once: {rate:10,.0f} step records/s stored "
+                      f"({a.steps // 32 * 32:,} records), ack p50 {pct(acks, .5) * 1e3:.0f} ms "
+                      f"p99 {pct(acks, .99) * 1e3:.0f} ms; meanwhile 50 live clients: p50 "
+                      f"{pct(live, .5) * 1e3:.1f} ms p99 {pct(live, .99) * 1e3:.1f} ms",
+                      flush=True)
+            if a.only_many:
+                return 0
             one = throughput(srv, 1, a.steps, "one")
             print(f"ingest, 1 connection:   {one:10,.0f} step records/s stored "
                   f"({a.steps:,} records)", flush=True)

@@ -162,13 +162,12 @@ def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: S
         "leaked_params": sorted(tally.leaked_params), "late_params": sorted(late),
         "discarded": discarded, "discarded_params": sorted(discarded_params),
         "resets": resets, "norm": norm, "fresh_norm": fresh_norm, "drift": drift,
-        "param_norms": per, "param_fresh_norms": fresh,
+        "param_norms": per, "param_fresh_norms": fresh, "loss": None, "lr": None,
         "sites": None if sites is None else trusted(StepSites, {
             "step": sites.step or None, "stale": sorted(sites.stale)[:_MAX_SITES],
             "leaked": sorted(sites.leaked)[:_MAX_SITES],
             "lost": sorted(sites.lost)[:_MAX_SITES],
-            "fresh": sorted(sites.fresh)[:_MAX_SITES]}),
-        "loss": None, "lr": None})
+            "fresh": sorted(sites.fresh)[:_MAX_SITES]})})
 
 
 def host_norms(sample: NormSample | list[float]

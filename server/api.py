@@ -7,9 +7,7 @@ which ``create_app`` installs as the app's handler of :class:`Refused`.
 from __future__ import annotations
 
 import asyncio
-import tempfile
-from email import message_from_bytes
-from email.policy import HTTP
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,10 +21,11 @@ from gradwatch.server.errors import (
     NameTaken,
     Refused,
     RunLimitReached,
+    StorageFailed,
     StoreBusy,
 )
+from gradwatch.server.importing import MultipartFile
 from gradwatch.server.runs import Runs
-from gradwatch.steplog import StepLog, StepLogError, read_log
 from gradwatch.wire import INT64_MAX, Finding, Header
 
 router = APIRouter(prefix="/api")
@@ -37,7 +36,7 @@ RankQuery = Annotated[int | None, Query(ge=0, le=INT64_MAX)]
 Rank = Annotated[int, Query(ge=0, le=INT64_MAX)]
 
 STATUS: dict[type[Refused], int] = {InvalidStream: 400, NameTaken: 409, RunLimitReached: 429,
-                                    StoreBusy: 503}
+                                    StoreBusy: 503, StorageFailed: 507}
 """The HTTP status that answers each refusal of the core (others: 400)."""
 
 
@@ -201,49 +200,41 @@ async def delete(run_id: str, request: Request) -> Response:
                  "multipart/form-data": {"schema": {"type": "object", "properties": {
                      "file": {"type": "string", "format": "binary"}}}}}}})
 async def import_log(request: Request) -> Response:
-    """Store an uploaded step log (body, or multipart field ``file``) as a new run."""
+    """Store an uploaded step log (body, or multipart field ``file``) as a new run.
+
+    The body is read, validated and stored a block at a time as it arrives; a bad line
+    answers 400 naming the line and field, and nothing of the log stays stored.
+    """
     runs = _runs(request)
     limit = runs.settings.max_import_bytes
-    chunks, size = [], 0
-    async for chunk in request.stream():
+    ctype = request.headers.get("content-type", "")
+    chunks = _limited(request.stream(), limit)
+    if not ctype.startswith("multipart/form-data"):
+        run_id, n, warnings = await runs.import_stream(chunks)
+    else:
+        part = MultipartFile(ctype)
+        first = b""
+        async for data in chunks:  # up to the file's first bytes: its name is known then
+            first = part.feed(data)
+            if first or part.filename != "upload":
+                break
+        run_id, n, warnings = await runs.import_stream(_file_of(part, first, chunks),
+                                                       Path(part.filename).name)
+    return _json(Imported(run=run_id, steps=n, warnings=warnings), 201)
+
+
+async def _file_of(part: MultipartFile, first: bytes, chunks: AsyncIterator[bytes]
+                   ) -> AsyncIterator[bytes]:
+    yield first
+    async for data in chunks:
+        yield part.feed(data)
+    part.finish()
+
+
+async def _limited(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    size = 0
+    async for chunk in chunks:
         size += len(chunk)
         if size > limit:
             raise HTTPException(413, f"step log too big: the limit is {limit} bytes")
-        chunks.append(chunk)
-    body = b"".join(chunks)
-    name, data = "upload", body
-    ctype = request.headers.get("content-type", "")
-    if ctype.startswith("multipart/form-data"):
-        name, data = _multipart_file(ctype, body)
-    try:
-        log = await asyncio.to_thread(_parse_log, data, name)
-    except StepLogError as e:
-        raise HTTPException(400, str(e)) from None
-    run_id, n = await runs.import_log(log.header, log.records)
-    return _json(Imported(run=run_id, steps=n, warnings=log.warnings), 201)
-
-
-def _multipart_file(ctype: str, body: bytes) -> tuple[str, bytes]:
-    msg = message_from_bytes(b"Content-Type: " + ctype.encode("latin-1") + b"\r\n\r\n"
-                             + body, policy=HTTP)
-    for part in msg.iter_parts() if msg.is_multipart() else ():
-        if part.get_param("name", header="content-disposition") == "file":
-            raw = part.get_payload(decode=True)
-            fname = part.get_filename() or "upload"
-            return Path(str(fname)).name, raw if isinstance(raw, bytes) else b""
-    raise HTTPException(400, "multipart upload without a 'file' field")
-
-
-def _parse_log(data: bytes, name: str) -> StepLog:
-    """The strict step-log reader over uploaded bytes; errors name ``name:line``."""
-    # The reader works on files; the temporary file's name is ours, never the client's.
-    with tempfile.TemporaryDirectory(prefix="gradwatch-import-") as d:
-        tmp = Path(d) / "upload.jsonl"
-        tmp.write_bytes(data)
-        try:
-            log = read_log(tmp)
-        except StepLogError as e:
-            raise StepLogError(name, e.line, e.problem) from None
-    log.warnings = [w.replace(str(tmp), name) for w in log.warnings]
-    return log
-
+        yield chunk

@@ -19,6 +19,7 @@ from typing import Any, Literal, NamedTuple
 
 from gradwatch.frames import OptimizerView, RunSummary
 from gradwatch.server.rows import Row, row_from_step
+from gradwatch.server.steptable import StepCols, step_columns
 from gradwatch.verdict import has_finding_facts
 from gradwatch.wire import (
     AnyRecord,
@@ -38,15 +39,20 @@ class Entry:
 
     Attributes:
         seq, kind, t: the record's seq, type and time.
-        body: the record as one JSON line (stored as is; ``None`` fields left out).
+        body: the record as one JSON line (stored as is; ``None`` fields left out); for
+            a step, only where it carries a finding fact ("" otherwise: its columns are
+            what is stored).
         row: its step row, for step records.
+        cols: its columns (:func:`server.steptable.step_columns`), for step records.
     """
 
-    __slots__ = ("seq", "kind", "t", "body", "row", "_record", "_in_body")
+    __slots__ = ("seq", "kind", "t", "body", "row", "cols", "_record", "_in_body")
 
     def __init__(self, seq: int, kind: RecordKind, t: float, body: str, row: Row | None,
-                 record: RecordModel | None, in_body: bool = False):
+                 record: RecordModel | None, in_body: bool = False,
+                 cols: StepCols | None = None):
         self.seq, self.kind, self.t, self.body, self.row = seq, kind, t, body, row
+        self.cols = cols
         self._record = record
         self._in_body = in_body
 
@@ -61,7 +67,7 @@ class Entry:
         # Across the parser processes' boundary a record travels as its JSON line only: a
         # line pickles for almost nothing, a model costs about what parsing it again does.
         return Entry, (self.seq, self.kind, self.t, self.body, self.row, None,
-                       self._in_body or self._record is not None)
+                       self._in_body or self._record is not None, self.cols)
 
 
 class Batch(NamedTuple):
@@ -74,13 +80,16 @@ class Batch(NamedTuple):
 
 def entry(r: RecordModel, rank: int) -> Entry:
     """The :class:`Entry` of one validated record."""
-    # A step keeps its None fields: left out, version 2 (an export's header says 2) would
-    # read an unknown fresh norm as the norm. Bodies read back at version 1.
-    body = r.__pydantic_serializer__.to_json(r, exclude_none=not isinstance(r, Step)).decode()
     if isinstance(r, Step):
+        flagged = has_finding_facts(r)
+        body = _json(r) if flagged else ""
         return Entry(r.seq, "step", r.t, body, row_from_step(r, rank),
-                     r if has_finding_facts(r) else None)
-    return Entry(r.seq, r.type, r.t, body, None, r)
+                     r if flagged else None, cols=step_columns(r))
+    return Entry(r.seq, r.type, r.t, _json(r), None, r)
+
+
+def _json(r: RecordModel) -> str:
+    return r.__pydantic_serializer__.to_json(r, exclude_none=True).decode()
 
 
 def batch_of(frame: IngestBatch) -> Batch:

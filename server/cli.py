@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,10 @@ def _parser() -> CommandParser:
                    help="store a saved step log as a run before serving (repeatable)")
     p.add_argument("--import-only", action="store_true",
                    help="import the --import logs and exit without serving")
+    p.add_argument("--keep-param-norms", nargs=2, metavar=("every", "N"), default=None,
+                   help="keep the per-parameter norms of every N-th step of new runs only "
+                        "(and of every step with a finding fact, a skipped step or a "
+                        "non-finite norm); default: every step")
     d = Settings()
     p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes,
                    help="largest ingest frame (default 1 MiB)")
@@ -101,6 +106,12 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
             p.error(f"--{name.replace('_', '-')} must be positive")
     if not a.interrupted_after >= 0:
         p.error("--interrupted-after must be 0 or more")
+    keep = 1
+    if a.keep_param_norms is not None:
+        word, n = a.keep_param_norms
+        if word != "every" or not n.isdigit() or int(n) < 1:
+            p.error("--keep-param-norms takes 'every N' with N a whole number of at least 1")
+        keep = int(n)
     token = a.token or os.environ.get("GRADWATCH_TOKEN") or None
     if not is_loopback(a.host) and not token:
         if not a.insecure_no_token:
@@ -130,33 +141,59 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
                  ingest_idle_timeout=a.ingest_idle_timeout, live_backlog=a.live_backlog,
                  header_timeout=a.header_timeout, max_header_bytes=a.max_header_bytes,
                  keep_alive_timeout=a.keep_alive_timeout, ping_interval=a.ping_interval,
-                 ping_timeout=a.ping_timeout)
+                 ping_timeout=a.ping_timeout, keep_param_norms=keep)
     return s, a
 
 
 def import_logs(settings: Settings, paths: Sequence[str]) -> int:
-    """Store step logs as runs; 0, or 2 after printing why a log is invalid."""
-    from gradwatch.server.errors import Refused
-    from gradwatch.server.storage import Store
-    from gradwatch.steplog import StepLogError, read_log
+    """Store step logs as runs; 0, or 2 after printing why a log is invalid.
 
-    logs = []
+    Every log is read through and validated first (a block at a time), so an invalid
+    one stores nothing; then each is stored a block at a time.
+    """
+    from gradwatch.server.batch import batch_of_records
+    from gradwatch.server.errors import Refused
+    from gradwatch.server.importing import LogBlocks, file_blocks, validate
+    from gradwatch.server.storage import Store
+
     for path in paths:
         try:
-            logs.append(read_log(path))
-        except StepLogError as e:
-            print(f"gradwatch serve: cannot import {e}", file=sys.stderr)
+            with open(path, "rb") as fh:
+                for w in validate(path, file_blocks(fh)):
+                    print(f"gradwatch serve: warning: {w}", file=sys.stderr)
+        except OSError as e:
+            print(f"gradwatch serve: cannot import {path}: cannot open step log: "
+                  f"{e.strerror or e}", file=sys.stderr)
             return 2
-    store = Store(settings.data_dir, max_runs=settings.max_runs)
+        except Refused as e:
+            print(f"gradwatch serve: cannot import {e.reason}", file=sys.stderr)
+            return 2
+    store = Store(settings.data_dir, max_runs=settings.max_runs,
+                  keep_param_norms=settings.keep_param_norms)
     store.start()
     try:
-        for path, lg in zip(paths, logs, strict=True):
-            for w in lg.warnings:
-                print(f"gradwatch serve: warning: {w}", file=sys.stderr)
+        for path in paths:
+            blocks = LogBlocks(path)
+            run_id, n = None, 0
             try:
-                run_id, n = store.call(store.import_log, lg.header, lg.records)
-            except Refused as e:
-                print(f"gradwatch serve: cannot import {path}: {e.reason}", file=sys.stderr)
+                with open(path, "rb") as fh:
+                    for data in [*file_blocks(fh), None]:
+                        recs = blocks.parse(blocks.feed(data) if data is not None
+                                            else blocks.finish())
+                        if run_id is None and blocks.header is not None:
+                            run_id = store.call(store.import_start, blocks.header)
+                            recs = recs[1:]
+                        if recs and run_id is not None and blocks.header is not None:
+                            res = store.call(store.ingest, batch_of_records(
+                                run_id, blocks.header.rank, recs))
+                            n += len(res.rows)
+                if run_id is not None:
+                    store.call(store.import_end, run_id)
+            except (Refused, OSError) as e:
+                if run_id is not None:
+                    store.call(store.delete, run_id)
+                why = e.reason if isinstance(e, Refused) else str(e)
+                print(f"gradwatch serve: cannot import {path}: {why}", file=sys.stderr)
                 return 2
             print(f"imported {path} as run {run_id} ({n} steps)")
     finally:
@@ -168,6 +205,18 @@ def main(argv: Sequence[str]) -> int:
     """Entry point of ``gradwatch serve``."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     settings, a = settings_from_args(argv)
+    from gradwatch.server.errors import NewerDatabase
+    from gradwatch.server.migrate import open_current
+
+    try:  # the schema is brought up to date (or refused) before anything else
+        open_current(settings.data_dir).close()
+    except NewerDatabase as e:
+        print(f"gradwatch serve: {e}", file=sys.stderr)
+        return 2
+    except sqlite3.Error as e:  # a full disk mid-migration: nothing changed
+        print(f"gradwatch serve: cannot open the database in {settings.data_dir}: {e}",
+              file=sys.stderr)
+        return 2
     if a.imports:
         rc = import_logs(settings, a.imports)
         if rc or a.import_only:

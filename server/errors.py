@@ -59,3 +59,17 @@ class StoreBusy(Refused):
 
 class NameTaken(Refused):
     """A rename to a display name another run already has (run names stay distinct)."""
+
+
+class StorageFailed(Refused):
+    """A write the disk refused (full, or an I/O error): nothing of the batch was stored,
+    everything stored before stays readable; resend once there is space."""
+
+
+class NewerDatabase(Exception):
+    """A data directory written by a newer gradwatch (a schema this one does not know)."""
+
+
+class InvalidLog(Refused):
+    """An imported step log with a line that is not a valid record (the reason names the
+    line and the field)."""

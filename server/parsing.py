@@ -13,10 +13,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 from pydantic import Field, TypeAdapter, ValidationError
 
@@ -26,6 +27,7 @@ from gradwatch.server.errors import InvalidFrame, UnreadableFrame
 from gradwatch.wire import IngestBatch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _FRAME: TypeAdapter[Hello | IngestBatch] = TypeAdapter(
     Annotated[Hello | IngestBatch, Field(discriminator="type")])
@@ -100,6 +102,21 @@ class FrameParser:
             log.error("the frame parser process died; parsing in a thread from now on")
             self._pool = ThreadPoolExecutor(1, "gradwatch-parse")
             return await loop.run_in_executor(self._pool, parse_frame, text)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the pool (a module-level function: it may cross to a process)."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, fn, *args)
+        except BrokenProcessPool:
+            log.error("the frame parser process died; parsing in a thread from now on")
+            self._pool = ThreadPoolExecutor(1, "gradwatch-parse")
+            return await loop.run_in_executor(self._pool, fn, *args)
+
+    @property
+    def workers(self) -> int:
+        """Jobs the pool runs at once."""
+        return max(1, getattr(self._pool, "_max_workers", 1))
 
     def close(self) -> None:
         """Finish frames being parsed and stop the pool."""

@@ -8,11 +8,12 @@ called from worker threads; a long series downsamples from its chunk summaries
 from __future__ import annotations
 
 import csv
+import heapq
 import io
 import json
 import queue
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,15 @@ from gradwatch.frames import OptimizerView, ParamSeries, RunSummary
 from gradwatch.server import db
 from gradwatch.server.rows import Row, SeriesRows
 from gradwatch.server.series_read import param_steps, series_rows
-from gradwatch.server.steptable import STEP_SELECT, to_row
-from gradwatch.wire import Finding
+from gradwatch.server.steptable import (
+    FLAG_PFRESH_IS_PNORM,
+    RECORD_SELECT,
+    STEP_SELECT,
+    step_record,
+    to_row,
+    unpack_norms,
+)
+from gradwatch.wire import Finding, Scalars, Step, dump_record, parse_record
 
 _SUMMARY = ("SELECT id, name, status, started, updated, steps, findings, ranks, optimizers, "
             "dropped, torch_version FROM runs ")
@@ -134,25 +142,26 @@ class Reader:
                 return None
             rows: list[Row] = []
             bucket, total = 1, 0
-            for r, o, nxt in c.execute(
-                    "SELECT rank, opt, next_chunk FROM series WHERE rid=? ORDER BY rank, opt",
-                    (rid,)).fetchall():
+            for sid, r, o, nxt in c.execute(
+                    "SELECT sid, rank, opt, next_chunk FROM series WHERE rid=? ORDER BY rank, "
+                    "opt", (rid,)).fetchall():
                 if (rank is not None and r != rank) or (opt is not None and o != opt):
                     continue
-                got, b, n = series_rows(c, rid, r, o, lo, hi, max_points, nxt)
+                got, b, n = series_rows(c, sid, lo, hi, max_points, nxt)
                 rows += got
                 bucket, total = max(bucket, b), total + n
             if last is not None:
                 last.update({(r, o): s for r, o, s in c.execute(
-                    "SELECT s.rank, s.opt, (SELECT max(step) FROM steps t WHERE t.rid=s.rid "
-                    "AND t.rank=s.rank AND t.opt=s.opt) FROM series s WHERE s.rid=?", (rid,))
+                    "SELECT e.rank, e.opt, (SELECT max(step) FROM steps t WHERE t.sid=e.sid) "
+                    "FROM series e WHERE e.rid=?", (rid,))
                     if s is not None})
             c.execute("COMMIT")
         return SeriesRows(rows, bucket, bucket > 1, total)
 
     def params(self, run_id: str, opt: str, rank: int = 0, start: int | None = None,
                end: int | None = None, max_points: int = 500) -> ParamSeries | None:
-        """Per-parameter norms of one optimizer; per bucket the step of largest norm."""
+        """Per-parameter norms of one optimizer; per bucket the step of largest norm (or
+        the nearest step whose per-parameter norms are kept)."""
         lo, hi = (-1 if start is None else start), (INF if end is None else end)
         with self.conn() as c:
             row = c.execute("SELECT o.rid, o.body FROM optimizers o JOIN runs r ON "
@@ -161,36 +170,41 @@ class Reader:
             if row is None:
                 return None
             rid, names = row[0], json.loads(row[1]).get("params", [])
-            nxt = c.execute("SELECT next_chunk FROM series WHERE rid=? AND rank=? AND opt=?",
-                            (rid, rank, opt)).fetchone()
-            picked, b = param_steps(c, rid, rank, opt, lo, hi, max_points,
-                                    nxt[0] if nxt else 0)
-            sql = ("SELECT s.step, r.body FROM steps s JOIN records r ON r.rid=s.rid AND "
-                   "r.rank=s.rank AND r.seq=s.seq WHERE s.rid=? AND s.rank=? AND s.opt=? ")
-            cur: Iterable[tuple[int, str]]
+            ser = c.execute("SELECT sid, next_chunk, keep_every FROM series WHERE rid=? AND "
+                            "rank=? AND opt=?", (rid, rank, opt)).fetchone()
+            if ser is None:
+                return ParamSeries(opt=opt, rank=rank, params=names, step=[], norm=[],
+                                   fresh_norm=[])
+            sid = ser[0]
+            picked, b = param_steps(c, sid, lo, hi, max_points, ser[1])
+            sql = ("SELECT p.step, p.norms, p.fresh, s.flags FROM param_norms p JOIN steps s "
+                   "ON s.sid=p.sid AND s.step=p.step WHERE p.sid=? ")
+            got: list[tuple[int, Any, Any, int]] = []
             if picked is None:
-                cur = c.execute(sql + "AND s.step BETWEEN ? AND ? ORDER BY s.step",
-                                (rid, rank, opt, lo, hi))
+                got = c.execute(sql + "AND p.step BETWEEN ? AND ? ORDER BY p.step",
+                                (sid, lo, hi)).fetchall()
             else:
-                got: list[tuple[int, str]] = []
-                for i in range(0, len(picked), 900):
-                    part = picked[i:i + 900]
-                    got += c.execute(sql + f"AND s.step IN ({','.join('?' * len(part))}) "
-                                           f"ORDER BY s.step", (rid, rank, opt, *part)).fetchall()
-                cur = got
+                near = {_kept_near(c, sid, x, b, lo, hi) for x in picked}
+                kept = sorted(x for x in near if x is not None)
+                for i in range(0, len(kept), 900):
+                    part = kept[i:i + 900]
+                    got += c.execute(sql + f"AND p.step IN ({','.join('?' * len(part))}) "
+                                           f"ORDER BY p.step", (sid, *part)).fetchall()
             steps, norms, fresh = [], [], []
-            for step, body in cur:
-                d = json.loads(body)
-                if d.get("param_norms") is None and d.get("param_fresh_norms") is None:
-                    continue  # a step the probe did not measure (norms_every > 1)
+            for step, pn, pf, flags in got:
+                n = unpack_norms(pn)
                 steps.append(step)
-                norms.append(_floats(d.get("param_norms")))
-                fresh.append(_floats(d.get("param_fresh_norms")))
+                norms.append(n or [])
+                fresh.append((n if flags & FLAG_PFRESH_IS_PNORM else unpack_norms(pf)) or [])
         return ParamSeries(opt=opt, rank=rank, params=names, step=steps, norm=norms,
                            fresh_norm=fresh, bucket=b)
 
     def export_lines(self, run_id: str, rank: int = 0) -> Iterator[str] | None:
-        """The stream of one rank as step-log lines (header first), or ``None``."""
+        """The stream of one rank as step-log lines (header first), or ``None``.
+
+        Step records are rebuilt from their columns (:func:`steptable.step_record`),
+        equal in meaning to the records received; the lines are in seq order.
+        """
         with self.conn() as c:
             rid = self._rid(c, run_id)
         if rid is None:
@@ -199,9 +213,23 @@ class Reader:
         def gen() -> Iterator[str]:
             c = db.connect(self.data_dir, readonly=True)
             try:
-                for (body,) in c.execute("SELECT body FROM records WHERE rid=? AND rank=? "
-                                         "ORDER BY seq", (rid, rank)):
-                    yield body + "\n"
+                c.execute("BEGIN")
+                opts = dict(c.execute("SELECT sid, opt FROM series WHERE rid=? AND rank=?",
+                                      (rid, rank)).fetchall())
+                # Stored as received (version 1 forms); written again at today's version,
+                # which the header then says, like every step line.
+                records = ((seq, dump_record(parse_record(body, 1))) for seq, body in c.execute(
+                    "SELECT seq, body FROM records WHERE rid=? AND rank=? ORDER BY seq",
+                    (rid, rank)))
+                scalars = ((seq, _scalars_line(seq, *rest)) for seq, *rest in c.execute(
+                    "SELECT seq, t, step, opt, vals FROM scalars WHERE rid=? AND rank=? "
+                    "ORDER BY seq", (rid, rank)))
+                marks = ",".join("?" * len(opts))
+                steps = ((t[0], _step_line(opts[t[-1]], t[:-1])) for t in c.execute(
+                    RECORD_SELECT.replace("p.fresh ", "p.fresh, s.sid ", 1)
+                    + f"WHERE s.sid IN ({marks}) ORDER BY s.seq", tuple(opts)))
+                for _, line in heapq.merge(records, scalars, steps, key=lambda x: x[0]):
+                    yield line + "\n"
             finally:
                 c.close()
         return gen()
@@ -221,7 +249,8 @@ class Reader:
             out.writerow(Row._fields)
             c = db.connect(self.data_dir, readonly=True)
             try:
-                cur = c.execute(STEP_SELECT + "WHERE rid=? ORDER BY rank, opt, step", (rid,))
+                cur = c.execute(STEP_SELECT + "WHERE e.rid=? ORDER BY e.rank, e.opt, s.step",
+                                (rid,))
                 while rows := cur.fetchmany(1000):
                     out.writerows(_csv_cells(to_row(t)) for t in rows)
                     yield buf.getvalue()
@@ -240,6 +269,27 @@ def _csv_cells(r: Row) -> list[object]:
             "" if x is None else x for x in r]
 
 
-def _floats(xs: list[Any] | None) -> list[float | None]:
-    """A JSON list of norms, with "NaN"/"Infinity" strings as floats."""
-    return [float(x) if isinstance(x, str) else x for x in xs or []]
+def _step_line(opt: str, t: tuple[Any, ...]) -> str:
+    """A step record's line at today's version, rebuilt from its columns and validated (an
+    export's header says today's version, where a left-out field can mean "implied")."""
+    return dump_record(Step.model_validate(step_record(opt, t)))
+
+
+def _scalars_line(seq: int, t: float, step: int, opt: str | None, vals: str) -> str:
+    return dump_record(Scalars(seq=seq, t=t, step=step, opt=opt, values=json.loads(vals)))
+
+
+def _kept_near(c: sqlite3.Connection, sid: int, step: int, b: int, lo: int, hi: int
+               ) -> int | None:
+    """``step`` if its per-parameter norms are kept, else the nearest kept step of its
+    bucket (retention or ``norms_every`` leaves some steps without them)."""
+    if c.execute("SELECT 1 FROM param_norms WHERE sid=? AND step=?", (sid, step)).fetchone():
+        return step
+    b0, b1 = max(lo, step - step % b), min(hi, step - step % b + b - 1)
+    before = c.execute("SELECT max(step) FROM param_norms WHERE sid=? AND step BETWEEN ? "
+                       "AND ?", (sid, b0, step)).fetchone()[0]
+    after = c.execute("SELECT min(step) FROM param_norms WHERE sid=? AND step BETWEEN ? "
+                      "AND ?", (sid, step, b1)).fetchone()[0]
+    if before is None or (after is not None and after - step < step - before):
+        return after
+    return before

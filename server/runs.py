@@ -9,21 +9,23 @@ it directly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from gradwatch.frames import RunSummary
-from gradwatch.server.batch import IngestResult, RecordModel
+from gradwatch.server.batch import Batch, IngestResult, batch_of_records
 from gradwatch.server.fanout import Hub
 from gradwatch.server.files import private_dir
+from gradwatch.server.importing import LogBlocks, batch_of_lines
 from gradwatch.server.limits import IngestGate
 from gradwatch.server.parsing import FrameParser
 from gradwatch.server.reader import Reader
 from gradwatch.server.settings import Settings
 from gradwatch.server.storage import Store
 from gradwatch.server.streams import StreamTracker
-from gradwatch.wire import Header
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,7 +41,8 @@ class Runs:
     def __init__(self, settings: Settings):
         self.settings = settings
         private_dir(settings.data_dir)
-        self.store = Store(settings.data_dir, max_runs=settings.max_runs)
+        self.store = Store(settings.data_dir, max_runs=settings.max_runs,
+                           keep_param_norms=settings.keep_param_norms)
         self.reader = Reader(settings.data_dir)
         self.hub = Hub(summary_interval=settings.summary_interval,
                        max_clients=settings.max_live_clients, max_items=settings.live_queue,
@@ -97,17 +100,98 @@ class Runs:
             self.hub.publish_summary(summary)
         return summary
 
-    async def import_log(self, header: Header, records: list[RecordModel]) -> tuple[str, int]:
-        """Store a validated step log as a new run; returns its id and step count.
+    async def import_stream(self, chunks: AsyncIterator[bytes], name: str = "upload",
+                            display: str | None = None) -> tuple[str, int, list[str]]:
+        """Store a step log as a new run as it arrives, a block at a time: validating
+        block k+1 while block k is stored. Stored whole or not at all: a refused line
+        deletes what was stored of the run.
 
+        Args:
+            chunks: the log's bytes, in pieces of any size.
+            name: what errors call the log.
+            display: the run's display name (default: the header's).
+        Returns:
+            The run id, the number of step records stored, and warnings.
         Raises:
-            RunLimitReached, InvalidStream, StoreBusy: nothing was stored.
+            InvalidLog: a line is not a valid record (nothing stored).
+            RunLimitReached, StoreBusy, StorageFailed: nothing was stored.
         """
-        run_id, steps = await self.write(self.store.import_log, header, records)
+        blocks = LogBlocks(name)
+        run_id: str | None = None
+        steps = 0
+        parsing: deque[asyncio.Future[Batch]] = deque()
+        writing: asyncio.Future[IngestResult] | None = None
+
+        async def store_next() -> None:
+            """Hand the oldest parsed block to the writer once the one before is stored."""
+            nonlocal writing, steps
+            batch = await parsing.popleft()
+            if writing is not None:
+                steps += len((await writing).rows)
+            writing = asyncio.wrap_future(self.store.submit(self.store.ingest, batch))
+
+        async def block(lines: list[tuple[int, bytes]]) -> None:
+            nonlocal run_id
+            if run_id is None:  # the header's block: read here, the run made from it
+                recs = await asyncio.to_thread(blocks.parse, lines)
+                if blocks.header is None:
+                    return
+                run_id = await self.write(self.store.import_start, blocks.header, display)
+                batch = await asyncio.to_thread(batch_of_records, run_id,
+                                                blocks.header.rank, recs[1:])
+                parsing.append(asyncio.get_running_loop().create_future())
+                parsing[-1].set_result(batch)
+            else:  # later blocks: validated in the parser pool, several at once
+                assert blocks.header is not None
+                parsing.append(asyncio.ensure_future(self.parser.run(
+                    batch_of_lines, name, lines, run_id, blocks.header.rank, blocks.v)))
+            while len(parsing) > self.parser.workers:
+                await store_next()
+
+        try:
+            async for data in chunks:
+                lines = blocks.feed(data)
+                if lines:
+                    await block(lines)
+            tail = blocks.finish()
+            if tail:  # a possibly truncated last line: read here, where warnings are kept
+                if run_id is None:
+                    await block(tail)
+                else:
+                    recs = blocks.parse(tail)
+                    fut = asyncio.get_running_loop().create_future()
+                    fut.set_result(batch_of_records(run_id, blocks.header.rank, recs)
+                                   if recs and blocks.header is not None
+                                   else Batch(run_id, 0, []))
+                    parsing.append(fut)
+            blocks.check_end()
+            while parsing:
+                await store_next()
+            if writing is not None:
+                steps += len((await writing).rows)
+            writing = None
+            assert run_id is not None
+            await self.write(self.store.import_end, run_id)
+        except BaseException:
+            pending: list[asyncio.Future[Any]] = [*parsing]
+            if writing is not None:
+                pending.append(writing)
+            for fut in pending:
+                with contextlib.suppress(BaseException):
+                    await fut
+            if run_id is not None:
+                await asyncio.shield(self._forget(run_id))
+            raise
         summary = await asyncio.to_thread(self.reader.summary, run_id)
         if summary is not None:
             self.hub.publish_summary(summary)
-        return run_id, steps
+        return run_id, steps, blocks.warnings
+
+    async def _forget(self, run_id: str) -> None:
+        try:
+            await self.write(self.store.delete, run_id)
+        except Exception:
+            log.exception("could not delete the partly imported run %s", run_id)
 
     def _lost(self, run: str) -> None:
         task = asyncio.get_running_loop().create_task(self._mark_interrupted(run))

@@ -1,24 +1,27 @@
 """In-memory state of a run while it is being written: counters, streams and its Verdict.
 
 The storage writer keeps one :class:`RunState` per recently written run. After a restart
-the state is rebuilt from the database: counters from ``runs``/``streams``, chunk progress
-from ``series``, and the :class:`~gradwatch.verdict.Verdict` by feeding it the header, the
-optimizers, stats, ends and only the step records that carry a finding fact (the only
-steps that change findings). Stored records are validated again as they are read back: the
-database may have been written by another gradwatch version.
+the state is rebuilt from the database: counters from ``runs``/``streams``, series and
+chunk progress from ``series``, and the :class:`~gradwatch.verdict.Verdict` by feeding it
+the header, the optimizers, sites, lifecycle records, stats, ends and only the steps that
+carry a finding fact (the only steps that change findings), rebuilt from their columns.
+Stored records are validated again as they are read back: the database may have been
+written by another gradwatch version.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import sqlite3
 from dataclasses import dataclass, field
+from typing import Any
 
 from gradwatch.frames import RunStatus, RunSummary
 from gradwatch.server.chunks import ChunkSummaries
-from gradwatch.server.steptable import FACTS_SQL
+from gradwatch.server.steptable import FACTS_SQL, RECORD_SELECT, step_record
 from gradwatch.verdict import Verdict
-from gradwatch.wire import Header, parse_record
+from gradwatch.wire import Header, Step, parse_record
 
 
 @dataclass
@@ -35,6 +38,8 @@ class RunState:
     world_size: int
     chunks: ChunkSummaries
     """Its series' chunk summaries (``step_agg``)."""
+    keep_new: int = 1
+    """``keep_every`` of a series this run starts (``--keep-param-norms every N``)."""
     steps: int = 0
     ranks: list[int] = field(default_factory=list)
     optimizers: list[str] = field(default_factory=list)
@@ -43,6 +48,12 @@ class RunState:
     dropped: dict[int, int] = field(default_factory=dict)
     finding_keys: set[tuple[int, str, str]] = field(default_factory=set)
     verdict: Verdict = field(default_factory=Verdict)
+    sids: dict[tuple[int, str], int] = field(default_factory=dict)
+    """Series id of each (rank, opt)."""
+    keep_every: dict[int, int] = field(default_factory=dict)
+    """Per series: per-parameter norms are kept of every N-th step (and must-keep ones)."""
+    last_step: dict[int, int] = field(default_factory=dict)
+    """Per series: its highest stored step."""
 
     def summary(self) -> RunSummary:
         """The run as the run list shows it."""
@@ -65,16 +76,30 @@ class RunState:
             return "interrupted"
         return "finished"
 
+    def series(self, conn: sqlite3.Connection, rank: int, opt: str) -> int:
+        """The series id of (rank, opt), creating the series the first time."""
+        sid = self.sids.get((rank, opt))
+        if sid is None:
+            cur = conn.execute("INSERT INTO series(rid, rank, opt, next_chunk, keep_every) "
+                               "VALUES(?,?,?,0,?)", (self.rid, rank, opt, self.keep_new))
+            assert cur.lastrowid is not None
+            sid = self.sids[(rank, opt)] = cur.lastrowid
+            self.keep_every[sid] = self.keep_new
+            self.chunks.next_chunk[sid] = 0
+        return sid
 
-def new_state(rid: int, header: Header, name: str | None = None) -> RunState:
+
+def new_state(rid: int, header: Header, name: str | None = None,
+              keep_every: int = 1) -> RunState:
     """State of a run created from its first header."""
     return RunState(rid=rid, id=header.run, name=name or header.run_name or header.run,
                     status="live", started=header.started, updated=header.t,
                     torch_version=header.torch_version, world_size=header.world_size,
-                    chunks=ChunkSummaries(rid))
+                    chunks=ChunkSummaries(), keep_new=keep_every)
 
 
-def load_state(conn: sqlite3.Connection, run_id: str) -> RunState | None:
+def load_state(conn: sqlite3.Connection, run_id: str, keep_every: int = 1
+               ) -> RunState | None:
     """Rebuild a run's state from the database, or ``None`` if there is no such run."""
     row = conn.execute(
         "SELECT rid, id, name, status, started, updated, steps, ranks, optimizers, "
@@ -82,12 +107,20 @@ def load_state(conn: sqlite3.Connection, run_id: str) -> RunState | None:
     if row is None:
         return None
     rid = row[0]
-    nxt = {(rank, opt): c for rank, opt, c in conn.execute(
-        "SELECT rank, opt, next_chunk FROM series WHERE rid=?", (rid,))}
     st = RunState(rid=rid, id=row[1], name=row[2], status=row[3], started=row[4],
                   updated=row[5], torch_version=row[9], world_size=row[10], steps=row[6],
                   ranks=json.loads(row[7]), optimizers=json.loads(row[8]),
-                  chunks=ChunkSummaries(rid, nxt, loaded=True))
+                  chunks=ChunkSummaries(loaded=True), keep_new=keep_every)
+    opts: dict[int, tuple[int, str]] = {}
+    for sid, rank, opt, nxt, keep in conn.execute(
+            "SELECT sid, rank, opt, next_chunk, keep_every FROM series WHERE rid=?", (rid,)):
+        st.sids[(rank, opt)] = sid
+        st.keep_every[sid] = keep
+        st.chunks.next_chunk[sid] = nxt
+        opts[sid] = (rank, opt)
+        last = conn.execute("SELECT max(step) FROM steps WHERE sid=?", (sid,)).fetchone()[0]
+        if last is not None:
+            st.last_step[sid] = last
     for rank, max_seq, ended, dropped in conn.execute(
             "SELECT rank, max_seq, ended, dropped FROM streams WHERE rid=?", (rid,)):
         st.max_seq[rank] = max_seq
@@ -98,13 +131,17 @@ def load_state(conn: sqlite3.Connection, run_id: str) -> RunState | None:
             "SELECT rank, opt, kind FROM findings WHERE rid=?", (rid,)):
         st.finding_keys.add((rank, opt, kind))
     st.verdict.feed(parse_record(row[11], 1), 0)
-    for rank, body in conn.execute(
-            "SELECT rank, body FROM records WHERE rid=? AND kind IN ('optimizer', 'site', "
-            "'unowned', 'holding', 'stats', 'end') ORDER BY rank, seq", (rid,)):
-        st.verdict.feed(parse_record(body, 1), rank)
-    for rank, body in conn.execute(
-            "SELECT r.rank, r.body FROM steps s JOIN records r ON r.rid=s.rid AND "
-            f"r.rank=s.rank AND r.seq=s.seq WHERE s.rid=? AND {FACTS_SQL} "
-            "ORDER BY s.rank, s.seq", (rid,)):
-        st.verdict.feed(parse_record(body, 1), rank)
+    # The verdict reads each stream in seq order: its records and flagged steps merged.
+    streams: list[Any] = [
+        ((rank, seq, 0, body) for rank, seq, body in conn.execute(
+            "SELECT rank, seq, body FROM records WHERE rid=? AND kind IN ('optimizer', "
+            "'site', 'unowned', 'holding', 'stats', 'end') ORDER BY rank, seq", (rid,)))]
+    flagged = []
+    for sid, (rank, opt) in opts.items():
+        for t in conn.execute(RECORD_SELECT + f"WHERE s.sid=? AND {FACTS_SQL}", (sid,)):
+            flagged.append((rank, t[0], 1, step_record(opt, t)))
+    flagged.sort(key=lambda x: (x[0], x[1]))
+    streams.append(flagged)
+    for rank, _, kind, rec in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
+        st.verdict.feed(parse_record(rec, 1) if kind == 0 else Step.model_validate(rec), rank)
     return st

@@ -26,15 +26,15 @@ from gradwatch.server.steptable import (
     to_row,
 )
 
-_KEY = "WHERE rid=? AND rank=? AND opt=? AND step BETWEEN ? AND ?"
-Key = tuple[int, int, str, int, int]
-"""(rid, rank, opt, lo, hi): one series' steps in [lo, hi], as :data:`_KEY` takes them."""
-_LIGHT = (f"SELECT step, norm, drift, {MUST_KEEP_SQL}, resets FROM steps {_KEY} "
+_KEY = "WHERE sid=? AND step BETWEEN ? AND ?"
+Key = tuple[int, int, int]
+"""(sid, lo, hi): one series' steps in [lo, hi], as :data:`_KEY` takes them."""
+_LIGHT = (f"SELECT step, norm, drift, {MUST_KEEP_SQL}, rset FROM steps {_KEY} "
           f"ORDER BY step")
 
 
 def span(c: sqlite3.Connection, table: str, key: Key) -> tuple[int, int] | None:
-    """First and last step of ``table`` rows matching ``key`` (rid, rank, opt, lo, hi)."""
+    """First and last step of ``table`` rows matching ``key`` (sid, lo, hi)."""
     first = c.execute(f"SELECT step FROM {table} {_KEY} ORDER BY step LIMIT 1", key).fetchone()
     if first is None:
         return None
@@ -54,19 +54,17 @@ def _edges(smin: int, smax: int, c_lo: int, c_hi: int) -> list[tuple[int, int]]:
     return [(smin, c_lo * db.CHUNK - 1), ((c_hi + 1) * db.CHUNK, smax)]
 
 
-def count(c: sqlite3.Connection, rid: int, rank: int, opt: str, smin: int, smax: int,
-          next_chunk: int) -> int:
+def count(c: sqlite3.Connection, sid: int, smin: int, smax: int, next_chunk: int) -> int:
     """Step rows in [smin, smax], from chunk summaries plus the edges."""
     c_lo, c_hi = _chunks(smin, smax, next_chunk)
     n = 0
     if c_hi >= c_lo:
-        n = c.execute("SELECT coalesce(sum(n), 0) FROM step_agg WHERE rid=? AND rank=? AND "
-                      "opt=? AND chunk BETWEEN ? AND ?", (rid, rank, opt, c_lo, c_hi)
-                      ).fetchone()[0]
+        n = c.execute("SELECT coalesce(sum(n), 0) FROM step_agg WHERE sid=? AND chunk "
+                      "BETWEEN ? AND ?", (sid, c_lo, c_hi)).fetchone()[0]
     for r0, r1 in _edges(smin, smax, c_lo, c_hi):
         if r1 >= r0:
             n += c.execute(f"SELECT count(*) FROM steps {_KEY}",
-                           (rid, rank, opt, r0, r1)).fetchone()[0]
+                           (sid, r0, r1)).fetchone()[0]
     return int(n)
 
 
@@ -83,38 +81,38 @@ def _plan(smin: int, smax: int, b: int, next_chunk: int
     return c_lo, c_hi, _edges(smin, smax, c_lo, c_hi)
 
 
-def series_rows(c: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int, hi: int,
-                max_points: int, next_chunk: int) -> tuple[list[Row], int, int]:
-    """Rows of one (rank, opt) in [lo, hi], downsampled; with bucket size and total."""
-    sp = span(c, "steps", (rid, rank, opt, lo, hi))
+def series_rows(c: sqlite3.Connection, sid: int, lo: int, hi: int, max_points: int,
+                next_chunk: int) -> tuple[list[Row], int, int]:
+    """Rows of one series in [lo, hi], downsampled; with bucket size and total."""
+    sp = span(c, "steps", (sid, lo, hi))
     if sp is None:
         return [], 1, 0
     smin, smax = sp
     n = smax - smin + 1
     if n > max_points:
-        n = count(c, rid, rank, opt, smin, smax, next_chunk)
+        n = count(c, sid, smin, smax, next_chunk)
     if n <= max_points:
-        every = read_rows(c, rid, rank, opt, smin, smax)
+        every = read_rows(c, sid, smin, smax)
         return every, 1, len(every)
     b = bucket_size(smin, smax, max_points, align=db.CHUNK)
     c_lo, c_hi, ranges = _plan(smin, smax, b, next_chunk)
     buckets: dict[int, Bucket] = {}
     if c_hi >= c_lo:
-        for t in c.execute(AGG_SELECT + "WHERE rid=? AND rank=? AND opt=? AND chunk BETWEEN "
-                                        "? AND ?", (rid, rank, opt, c_lo, c_hi)):
+        for t in c.execute(AGG_SELECT + "WHERE sid=? AND chunk BETWEEN ? AND ?",
+                           (sid, c_lo, c_hi)):
             chunk, part = bucket_of(t)
             _bucket(buckets, chunk * db.CHUNK // b).merge(part)
     for r0, r1 in ranges:
         if r1 >= r0:
-            _scan(c, (rid, rank, opt, r0, r1), b, buckets)
+            _scan(c, (sid, r0, r1), b, buckets)
     keep = sorted({smin, smax}.union(*(k.kept() for k in buckets.values())))
     rows: list[Row] = []
     for i in range(0, len(keep), 900):
         part_steps = keep[i:i + 900]
         rows += [to_row(t) for t in c.execute(
-            STEP_SELECT + f"WHERE rid=? AND rank=? AND opt=? AND step IN "
-                          f"({','.join('?' * len(part_steps))}) ORDER BY step",
-            (rid, rank, opt, *part_steps))]
+            STEP_SELECT + f"WHERE s.sid=? AND s.step IN "
+                          f"({','.join('?' * len(part_steps))}) ORDER BY s.step",
+            (sid, *part_steps))]
     return rows, b, n
 
 
@@ -128,21 +126,23 @@ def _bucket(buckets: dict[int, Bucket], k: int) -> Bucket:
 def _scan(c: sqlite3.Connection, key: Key, b: int,
           buckets: dict[int, Bucket]) -> None:
     """Count raw rows into their buckets (light tuples: no Row objects for rows not kept)."""
-    sigs: dict[str | None, str] = {}
-    for step, norm, drift, keep, resets in c.execute(_LIGHT, key):
-        sig = sigs.get(resets)
-        if sig is None:  # once per distinct resets text
-            sig = sigs[resets] = reset_sig(resets_of(resets))
+    sigs: dict[int | None, str] = {}
+    for step, norm, drift, keep, rset in c.execute(_LIGHT, key):
+        sig = sigs.get(rset)
+        if sig is None:  # once per distinct reset set
+            text = None if rset is None else c.execute(
+                "SELECT summary FROM reset_sets WHERE id=?", (rset,)).fetchone()[0]
+            sig = sigs[rset] = reset_sig(resets_of(text))
         _bucket(buckets, step // b).add(step, norm, drift, bool(keep), sig)
 
 
-def param_steps(c: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int, hi: int,
-                max_points: int, next_chunk: int) -> tuple[list[int] | None, int]:
+def param_steps(c: sqlite3.Connection, sid: int, lo: int, hi: int, max_points: int,
+                next_chunk: int) -> tuple[list[int] | None, int]:
     """Steps to show of a per-parameter series: per bucket, the step of largest norm.
 
     Returns ``(None, 1)`` when every step in range fits (read them all).
     """
-    sp = span(c, "steps", (rid, rank, opt, lo, hi))
+    sp = span(c, "param_norms", (sid, lo, hi))
     if sp is None:
         return [], 1
     smin, smax = sp
@@ -154,9 +154,8 @@ def param_steps(c: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int, h
     c_lo, c_hi, ranges = _plan(smin, smax, b, next_chunk)
     if c_hi >= c_lo:
         for chunk, mx, step in c.execute(
-                "SELECT chunk, mx_norm, mx_norm_step FROM step_agg WHERE rid=? AND rank=? "
-                "AND opt=? AND chunk BETWEEN ? AND ? AND mx_norm IS NOT NULL",
-                (rid, rank, opt, c_lo, c_hi)):
+                "SELECT chunk, mx_norm, mx_norm_step FROM step_agg WHERE sid=? "
+                "AND chunk BETWEEN ? AND ? AND mx_norm IS NOT NULL", (sid, c_lo, c_hi)):
             k = chunk * db.CHUNK // b
             if k not in best or mx > best[k][0]:
                 best[k] = (mx, step)
@@ -166,7 +165,7 @@ def param_steps(c: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int, h
         # SQLite fills the bare column ``step`` from the row holding the max()
         for k, step, total in c.execute(
                 f"SELECT step / ?, step, max(coalesce(norm, -1)) FROM steps {_KEY} "
-                f"GROUP BY step / ?", (b, rid, rank, opt, r0, r1, b)):
+                f"GROUP BY step / ?", (b, sid, r0, r1, b)):
             if k not in best or total > best[k][0]:
                 best[k] = (total, step)
     return sorted(s for _, s in best.values()), b

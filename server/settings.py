@@ -41,6 +41,8 @@ class Settings:
         live_backlog: step rows a live client may fall behind (past its queue) before it
             is dropped (1013); the dashboard reconnects and starts from a fresh snapshot.
         max_import_bytes: largest step log accepted by ``POST /api/runs/import``.
+        keep_param_norms: keep the per-parameter norms of every N-th step of new runs (and
+            of every step a plot must keep); 1: every step.
         interrupted_after: seconds after an ingest connection drops without End before
             its run reads as interrupted.
         live_queue: frames queued per live client before its steps get decimated.
@@ -72,6 +74,7 @@ class Settings:
     max_live_clients: int = 200
     live_backlog: int = 100_000
     max_import_bytes: int = 512 << 20
+    keep_param_norms: int = 1
     interrupted_after: float = 10.0
     live_queue: int = 256
     send_timeout: float = 10.0

@@ -1,62 +1,244 @@
-"""The ``steps`` and ``step_agg`` columns: how rows and bucket summaries are stored and read.
+"""The ``steps``, ``param_norms`` and ``step_agg`` columns: how steps and bucket summaries
+are stored and read back.
 
-Shared by the writer (:mod:`server.writes`, :mod:`server.chunks`) and the readers
-(:mod:`server.reader`, :mod:`server.series_read`); it imports neither. The SQL forms of
-the row rules are generated here from their Python homes and tests hold them equal:
-:data:`FACTS_SQL` (:func:`gradwatch.verdict.carries_facts`) and :data:`MUST_KEEP_SQL`
+:func:`step_columns` and :func:`step_record` are inverse: a step record goes into columns
+(NaN norms as NULL plus a flag bit, per-parameter norms packed as float32 bytes where that
+is exact, resets as one shared ``reset_sets`` row, a ``detail`` JSON for what no column
+holds) and an export rebuilds a record equal in meaning to the one received. Shared by the
+writer (:mod:`server.writes`, :mod:`server.chunks`) and the readers (:mod:`server.reader`,
+:mod:`server.series_read`); it imports neither. The SQL forms of the row rules are
+generated here from their Python homes and tests hold them equal: :data:`FACTS_SQL`
+(:func:`gradwatch.verdict.carries_facts`) and :data:`MUST_KEEP_SQL`
 (:func:`server.rows.must_keep`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
+from array import array
+from functools import lru_cache
 from typing import Any
 
 from gradwatch.server.downsampling import Bucket
 from gradwatch.server.rows import KEEP_NONFINITE, Row
 from gradwatch.verdict import FINDING_FACTS
+from gradwatch.wire import Step
 
-# SQLite stores NaN as NULL: a bit per norm column says "this NULL was a NaN".
-NAN_BITS = {"norm": 1, "fresh_norm": 2, "drift": 4}
-_NORM, _FRESH, _DRIFT = NAN_BITS["norm"], NAN_BITS["fresh_norm"], NAN_BITS["drift"]
+# SQLite stores NaN as NULL: a bit per float column says "this NULL was a NaN".
+NAN_BITS = {"norm": 1, "fresh_norm": 2, "drift": 4, "loss": 32}
+FLAG_SKIPPED = 8
+FLAG_FRESH_IS_NORM = 16
+"""``fresh_norm`` equals ``norm`` (the usual clean step): its column is left NULL."""
+FLAG_PFRESH_IS_PNORM = 64
+"""``param_fresh_norms`` equals ``param_norms``: ``param_norms.fresh`` is left NULL."""
 _NAN = float("nan")
 
-STEP_SELECT = ("SELECT rank, opt, step, t, norm, fresh_norm, drift, nan, stale, leaked, "
-               "late, discarded, skipped, resets FROM steps ")
-"""Reads rows for :func:`to_row`; append the WHERE clause."""
+_COLUMNS = ("norm", "fresh_norm", "drift", "skipped", "stale", "leaked",
+            "discarded", "backwards", "consumed", "fresh", "closure_evals", "resets",
+            "loss", "lr", "param_norms", "param_fresh_norms", "seq", "t", "opt", "step",
+            "type")
+"""Step fields the columns hold; every other non-default field goes to ``detail``."""
+_DETAIL = tuple(f for f in Step.model_fields if f not in _COLUMNS)
+_DEFAULTS = {f: Step.model_fields[f].get_default(call_default_factory=True) for f in _DETAIL}
 
-FACTS_SQL = "(" + " OR ".join(f"{c} > 0" for c in FINDING_FACTS) + ")"
-"""A ``steps`` row carries a finding fact."""
+STEPS_FROM = ("FROM steps s JOIN series e ON e.sid=s.sid "
+              "LEFT JOIN reset_sets z ON z.id=s.rset ")
+STEP_SELECT = ("SELECT e.rank, e.opt, s.step, s.t, s.norm, "
+               f"CASE WHEN s.flags & {FLAG_FRESH_IS_NORM} THEN s.norm ELSE s.fresh_norm END, "
+               "s.drift, s.flags, s.stale, s.leaked, s.late, s.discarded, z.summary "
+               + STEPS_FROM)
+"""Reads rows for :func:`to_row`; append the WHERE clause (``s.`` the steps)."""
+
+FACTS_SQL = "(" + " OR ".join(
+    f"{c} > 0" for c in ("stale", "leaked", "late", "discarded")) + ")"
+"""A ``steps`` row carries a finding fact (the columns of :data:`FINDING_FACTS`)."""
+assert len(FINDING_FACTS) == 4
 
 MUST_KEEP_SQL = "(" + " OR ".join(
-    [FACTS_SQL, "skipped"] + [f"nan & {NAN_BITS[c]} OR abs({c}) = 9e999"
-                              for c in KEEP_NONFINITE]) + ")"
+    [FACTS_SQL, f"flags & {FLAG_SKIPPED}"]
+    + [f"flags & {NAN_BITS[c]} OR abs({c}) = 9e999" for c in KEEP_NONFINITE]) + ")"
 """A ``steps`` row a plot must never lose (``9e999`` is SQLite's infinity)."""
 
 
-def step_values(rid: int, seq: int, r: Row) -> tuple[Any, ...]:
-    """The ``steps`` table values of one row, in column order."""
-    nan = ((r.norm != r.norm) * _NORM | (r.fresh_norm != r.fresh_norm) * _FRESH
-           | (r.drift != r.drift) * _DRIFT)
-    resets = ";".join([f"{how}:{n}" for how, n in r.resets]) or None
-    return (rid, r.rank, r.opt, r.step, seq, r.t, r.norm, r.fresh_norm, r.drift, nan,
-            r.stale, r.leaked, r.late, r.discarded, int(r.skipped), resets)
+StepCols = tuple[Any, ...]
+"""One step record as columns, before the writer knows its series and reset-set id: a
+plain tuple (it crosses from the parser processes by the batch), in the order of the
+``steps`` columns after ``sid`` (:data:`STEP_ROW`), then the resets' ``reset_sets`` body
+and summary (:data:`RESETS`, :data:`SUMMARY`), then the per-parameter norms and fresh
+norms, packed (:data:`PARAMS`, :data:`PFRESH`)."""
+C_STEP, RESETS, SUMMARY, PARAMS, PFRESH = 0, 19, 20, 21, 22
+STEP_ROW = slice(0, 19)
+"""The ``steps`` values after ``sid``, with ``rset`` (index 15) still to fill in."""
+
+
+def _nan(x: float | None) -> bool:
+    return x is not None and x != x
+
+
+def pack_norms(xs: list[float | None] | None) -> bytes | str | None:
+    """Per-parameter norms as float32 bytes when that holds every value exactly, else as
+    the wire's JSON text (float64 values, missing entries); None stays None."""
+    if xs is None:
+        return None
+    try:
+        a = array("f", xs)  # type: ignore[type-var]
+    except (TypeError, OverflowError):  # a None entry, a value past float32
+        return _json_norms(xs)
+    if a.tolist() != xs and any(y != x and not (x != x and y != y)
+                                for x, y in zip(xs, a.tolist(), strict=True)):
+        return _json_norms(xs)
+    return a.tobytes()
+
+
+def unpack_norms(v: bytes | str | None) -> list[float | None] | None:
+    """The inverse of :func:`pack_norms`."""
+    if v is None:
+        return None
+    if isinstance(v, bytes):
+        a = array("f")
+        a.frombytes(v)
+        return a.tolist()  # type: ignore[return-value]
+    return [_float(x) for x in json.loads(v)]
+
+
+def _wire_float(x: float | None) -> Any:
+    if x is None or math.isfinite(x):
+        return x
+    return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
+
+
+def _float(x: Any) -> float | None:
+    if isinstance(x, str):
+        return float(x.lower().replace("infinity", "inf"))
+    return x
+
+
+def _json_norms(xs: list[float | None]) -> str:
+    try:
+        if all(map(math.isfinite, xs)):  # type: ignore[arg-type]
+            return "[" + ",".join(map(float.__repr__, xs)) + "]"
+    except TypeError:  # a None entry
+        pass
+    return json.dumps([_wire_float(x) for x in xs], separators=(",", ":"))
+
+
+_RESETS_SEEN: dict[tuple[Any, ...], tuple[str, str]] = {}
+
+
+def resets_text(s: Step) -> tuple[str | None, str | None]:
+    """A step's resets as a ``reset_sets`` body (JSON, defaults left out) and summary."""
+    if not s.resets:
+        return None, None
+    key = tuple((r.how, *r.params, -1, r.discarded, r.after_backward, r.site)
+                for r in s.resets)
+    got = _RESETS_SEEN.get(key)
+    if got is None:  # once per distinct set (a run's steps share a few)
+        if len(_RESETS_SEEN) > 4096:
+            _RESETS_SEEN.clear()
+        got = _RESETS_SEEN[key] = _resets_text(s)
+    return got
+
+
+def _resets_text(s: Step) -> tuple[str, str]:
+    out, summary = [], []
+    for r in s.resets:
+        d: dict[str, Any] = {"how": r.how, "params": r.params}
+        if r.discarded:
+            d["discarded"] = r.discarded
+        if r.after_backward:
+            d["after_backward"] = True
+        if r.site is not None:
+            d["site"] = r.site
+        out.append(d)
+        summary.append(f"{r.how}:{len(r.params)}")
+    return json.dumps(out, separators=(",", ":")), ";".join(summary)
+
+
+def step_columns(s: Step) -> StepCols:
+    """The columns of one validated step record (inverse: :func:`step_record`)."""
+    norm, fresh, drift, loss = s.norm, s.fresh_norm, s.drift, s.loss
+    flags = (_nan(norm) * 1 | _nan(fresh) * 2 | _nan(drift) * 4 | _nan(loss) * 32
+             | s.skipped * FLAG_SKIPPED)
+    if fresh is not None and fresh == norm:
+        flags |= FLAG_FRESH_IS_NORM
+        fresh = None
+    pn, pf = s.param_norms, s.param_fresh_norms
+    if pf is not None and pn is not None and pf == pn:
+        flags |= FLAG_PFRESH_IS_PNORM
+        pf = None
+    detail: dict[str, Any] | None = None
+    for f in _DETAIL:
+        v = getattr(s, f)
+        if v != _DEFAULTS[f]:
+            if detail is None:
+                detail = {}
+            detail[f] = v.model_dump(exclude_defaults=True) if hasattr(v, "model_dump") \
+                else v
+    rs, summary = resets_text(s)
+    return (s.step, s.seq, s.t, None if flags & 1 else norm, None if flags & 2 else fresh,
+            None if flags & 4 else drift, flags, s.stale, s.leaked, len(s.late_params),
+            s.discarded, s.backwards, s.consumed, s.fresh, s.closure_evals, None,
+            None if flags & 32 else loss,
+            None if s.lr is None else _json_norms(s.lr),
+            None if detail is None else json.dumps(detail, separators=(",", ":")),
+            rs, summary, pack_norms(pn), pack_norms(pf))
+
+
+RECORD_SELECT = ("SELECT s.seq, s.t, s.step, s.norm, s.fresh_norm, s.drift, s.flags, "
+                 "s.stale, s.leaked, s.discarded, s.backwards, s.consumed, s.fresh, "
+                 "s.closure_evals, z.body, s.loss, s.lr, s.detail, p.norms, p.fresh "
+                 "FROM steps s LEFT JOIN reset_sets z ON z.id=s.rset "
+                 "LEFT JOIN param_norms p ON p.sid=s.sid AND p.step=s.step ")
+"""Reads what :func:`step_record` takes (after the optimizer's name); append WHERE."""
+
+
+def step_record(opt: str, t: tuple[Any, ...]) -> dict[str, Any]:
+    """The fields of a step record, from :data:`RECORD_SELECT` columns (non-finite floats
+    as floats; :class:`~gradwatch.wire.Step` validates them as received)."""
+    (seq, time, step, norm, fresh, drift, flags, stale, leaked, discarded, backwards,
+     consumed, nfresh, closure, resets, loss, lr, detail, pn, pf) = t
+    d: dict[str, Any] = {"type": "step", "seq": seq, "t": time, "opt": opt, "step": step}
+    if flags & FLAG_SKIPPED:
+        d["skipped"] = True
+    for k, v in (("closure_evals", closure), ("backwards", backwards),
+                 ("consumed", consumed), ("fresh", nfresh), ("stale", stale),
+                 ("leaked", leaked), ("discarded", discarded)):
+        if v:
+            d[k] = v
+    if resets is not None:
+        d["resets"] = json.loads(resets)
+    norm = _NAN if flags & 1 else norm
+    d["norm"] = norm
+    d["fresh_norm"] = norm if flags & FLAG_FRESH_IS_NORM else _NAN if flags & 2 else fresh
+    d["drift"] = _NAN if flags & 4 else drift
+    pnorms = unpack_norms(pn)
+    d["param_norms"] = pnorms
+    d["param_fresh_norms"] = pnorms if flags & FLAG_PFRESH_IS_PNORM else unpack_norms(pf)
+    if loss is not None or flags & 32:
+        d["loss"] = _NAN if flags & 32 else loss
+    if lr is not None:
+        d["lr"] = [_float(x) for x in json.loads(lr)]
+    if detail is not None:
+        d.update(json.loads(detail))
+    return d
 
 
 def to_row(t: tuple[Any, ...]) -> Row:
     """A row as :data:`STEP_SELECT` reads it, as a :class:`Row` (NaN restored)."""
-    nan = t[7]
+    flags = t[7]
     return Row(t[0], t[1], t[2], t[3],
-               _NAN if nan & _NORM else t[4],
-               _NAN if nan & _FRESH else t[5],
-               _NAN if nan & _DRIFT else t[6],
-               t[8], t[9], t[10], t[11], bool(t[12]),
-               resets_of(t[13]))
+               _NAN if flags & 1 else t[4],
+               _NAN if flags & 2 else t[5],
+               _NAN if flags & 4 else t[6],
+               t[8], t[9], t[10], t[11], bool(flags & FLAG_SKIPPED),
+               resets_of(t[12]))
 
 
+@lru_cache(maxsize=4096)
 def resets_of(text: str | None) -> tuple[tuple[str, int], ...]:
-    """The ``resets`` column (``how:n;how:n``) as (how, n) pairs."""
+    """A ``reset_sets.summary`` (``how:n;how:n``) as (how, n) pairs."""
     if not text:
         return ()
     out = []
@@ -66,11 +248,10 @@ def resets_of(text: str | None) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def read_rows(conn: sqlite3.Connection, rid: int, rank: int, opt: str, lo: int,
-              hi: int) -> list[Row]:
-    """Step rows of one (rank, opt) with ``lo <= step <= hi``, in step order."""
-    cur = conn.execute(STEP_SELECT + "WHERE rid=? AND rank=? AND opt=? AND step BETWEEN ? "
-                       "AND ? ORDER BY step", (rid, rank, opt, lo, hi))
+def read_rows(conn: sqlite3.Connection, sid: int, lo: int, hi: int) -> list[Row]:
+    """Step rows of one series with ``lo <= step <= hi``, in step order."""
+    cur = conn.execute(STEP_SELECT + "WHERE s.sid=? AND s.step BETWEEN ? AND ? "
+                       "ORDER BY s.step", (sid, lo, hi))
     return [to_row(t) for t in cur]
 
 
@@ -80,7 +261,7 @@ AGG_SELECT = ("SELECT chunk, mn_norm, mn_norm_step, mx_norm, mx_norm_step, mn_dr
 
 
 def agg_values(b: Bucket, n: int) -> tuple[Any, ...]:
-    """The ``step_agg`` values after the key (rid, rank, opt, chunk) of a chunk's bucket."""
+    """The ``step_agg`` values after the key (sid, chunk) of a chunk's bucket."""
     out: list[Any] = [n]
     for x in (b.lo_norm, b.hi_norm, b.lo_drift, b.hi_drift):
         out += [None, None] if x is None else list(x)

@@ -2,16 +2,20 @@
 
 Routes hand work to it with :meth:`Store.submit` (a :class:`concurrent.futures.Future` the
 event loop can await), so SQLite never blocks the event loop and every ingest batch is one
-transaction: a batch is stored whole or not at all. Records are stored once by
-(run, rank, seq); a resend is ignored record by record. Refusals are the domain errors of
-:mod:`server.errors`. Plain module: no FastAPI.
+transaction: a batch is stored whole or not at all. A step is stored once per (series,
+step), other records once by (run, rank, seq); a resend is ignored record by record. A
+write the disk refuses (full, I/O error) is rolled back and the run's in-memory state
+dropped, so memory and disk agree and the stream resends from what is stored. Refusals
+are the domain errors of :mod:`server.errors`. Plain module: no FastAPI.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import logging
 import queue
+import sqlite3
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -19,18 +23,22 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gradwatch.frames import RunSummary
-from gradwatch.server import chunks, db
-from gradwatch.server.batch import Batch, Entry, IngestResult, RecordModel, batch_of_records
-from gradwatch.server.errors import InvalidStream, NameTaken, RunLimitReached, StoreBusy
+from gradwatch.server import db
+from gradwatch.server.batch import Batch, Entry, IngestResult, batch_of_records
+from gradwatch.server.errors import (
+    InvalidStream,
+    NameTaken,
+    RunLimitReached,
+    StorageFailed,
+    StoreBusy,
+)
+from gradwatch.server.migrate import open_current
 from gradwatch.server.runstate import RunState, load_state, new_state
-from gradwatch.server.writes import write_batch
+from gradwatch.server.writes import ResetSets, write_batch
 from gradwatch.wire import Header
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-_IMPORT_BATCH = 5000
-"""Records per transaction when a step log is imported."""
 
 
 class Store:
@@ -40,17 +48,25 @@ class Store:
         data_dir: directory holding ``gradwatch.db`` (created if missing).
         max_runs: refuse to create runs beyond this many.
         queue_size: pending write jobs before :meth:`submit` raises :class:`StoreBusy`.
+        keep_param_norms: runs created from now on keep the per-parameter norms of every
+            N-th step (and of every step a plot must keep: :func:`server.rows.must_keep`).
+
+    Raises:
+        NewerDatabase: the database was written by a newer gradwatch.
     """
 
-    def __init__(self, data_dir: Path, max_runs: int = 1000, queue_size: int = 256):
+    def __init__(self, data_dir: Path, max_runs: int = 1000, queue_size: int = 256,
+                 keep_param_norms: int = 1):
         self.data_dir = data_dir
         self.max_runs = max_runs
+        self.keep_param_norms = max(1, keep_param_norms)
+        self._resets = ResetSets()
         self._jobs: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], cf.Future[Any]]
                                 | None] = queue.Queue(maxsize=queue_size)
         self._states: OrderedDict[str, RunState] = OrderedDict()
         self._thread: threading.Thread | None = None
         data_dir.mkdir(parents=True, exist_ok=True)
-        self._conn = db.connect(data_dir)
+        self._conn = open_current(data_dir)
         # Checkpoints copy the WAL into the database; a helper thread does them so commits
         # on the writer stay short (SQLite releases the GIL while it works).
         self._conn.execute("PRAGMA wal_autocheckpoint=0")
@@ -62,10 +78,6 @@ class Store:
             "UPDATE runs SET status='interrupted' WHERE status='live'").rowcount
         if n:
             log.info("marked %d run(s) that were live at shutdown as interrupted", n)
-        if db.summaries_outdated(self._conn):
-            log.info("rebuilding the step summaries an older gradwatch wrote...")
-            log.info("rebuilt %d step summaries", chunks.rebuild(self._conn))
-        db.mark_summaries_current(self._conn)
 
     # -- thread plumbing -------------------------------------------------------------
     def start(self) -> None:
@@ -138,7 +150,7 @@ class Store:
     def _state(self, run_id: str) -> RunState | None:
         st = self._states.get(run_id)
         if st is None:
-            st = load_state(self._conn, run_id)
+            st = load_state(self._conn, run_id, self.keep_param_norms)
             if st is None:
                 return None
             self._states[run_id] = st
@@ -155,6 +167,8 @@ class Store:
         Raises:
             InvalidStream: the batch breaks the stream rules (nothing stored).
             RunLimitReached: the batch would create a run beyond ``max_runs``.
+            StorageFailed: the disk refused the write (nothing of the batch stored;
+                everything stored before stays readable).
         """
         entries = batch.entries
         prev = -1
@@ -183,21 +197,34 @@ class Store:
                 raise RunLimitReached(f"run limit reached ({self.max_runs} runs); delete "
                                       f"runs to make room")
         res = IngestResult(batch.run, batch.rank, -1)
-        self._conn.execute("BEGIN")
         try:
+            self._conn.execute("BEGIN")
             if st is None:
                 assert header is not None  # a stream's first batch starts with it: above
                 st = self._create(header, name)
                 res.new_run = True
-            write_batch(self._conn, st, batch, res)
+            write_batch(self._conn, st, batch, res, self._resets)
             self._conn.execute("COMMIT")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            self._states.pop(batch.run, None)  # its verdict saw rolled-back records
+        except BaseException as e:
+            self._rolled_back(batch.run)
+            if isinstance(e, sqlite3.Error):
+                log.error("storing a batch of run %s failed: %s", batch.run, e)
+                raise StorageFailed(f"the server could not store this batch ({e}); "
+                                    f"nothing of it was stored: resend it once the "
+                                    f"server's disk has room") from e
             raise
         res.ack = st.max_seq.get(batch.rank, -1)
         res.summary = st.summary()
         return res
+
+    def _rolled_back(self, run_id: str) -> None:
+        """Undo a failed transaction; memory forgets what it did (SQLite may already have
+        rolled it back itself: a full disk does)."""
+        if self._conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+        self._states.pop(run_id, None)  # its counters and verdict saw rolled-back records
+        self._resets.clear()  # ids of reset sets the transaction added
 
     def _create(self, entry: Entry, name: str | None) -> RunState:
         header = entry.record
@@ -209,7 +236,7 @@ class Store:
             (header.run, name, "live", header.started,
              header.t, header.torch_version, header.world_size, entry.body))
         assert cur.lastrowid is not None
-        st = new_state(cur.lastrowid, header, name)
+        st = new_state(cur.lastrowid, header, name, self.keep_param_norms)
         self._states[header.run] = st
         return st
 
@@ -232,10 +259,13 @@ class Store:
         st = self._state(run_id)
         if st is None:
             return False
-        self._conn.execute("BEGIN")
-        for table in db.RUN_TABLES:
-            self._conn.execute(f"DELETE FROM {table} WHERE rid=?", (st.rid,))
-        self._conn.execute("COMMIT")
+        try:
+            self._conn.execute("BEGIN")
+            db.delete_run(self._conn, st.rid)
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            self._rolled_back(run_id)
+            raise StorageFailed(f"the server could not delete run {run_id} ({e})") from e
         self._states.pop(run_id, None)
         return True
 
@@ -275,26 +305,21 @@ class Store:
             cand = f"{base}-{n}"
         return cand
 
-    def import_log(self, header: Header, records: list[RecordModel],
-                   name: str | None = None) -> tuple[str, int]:
-        """Store a whole, validated step log as a new run (a fresh id if the log's is taken).
+    def import_start(self, header: Header, name: str | None = None) -> str:
+        """Create the run of an imported step log from its header (a fresh id if the log's
+        is taken); its records follow through :meth:`ingest`.
 
-        Returns:
-            The run id and the number of step records stored.
         Raises:
             RunLimitReached: the server holds ``max_runs`` runs already.
-            InvalidStream: the log's records are out of seq order.
         """
         run_id = self.free_id(header.run)
         header = header.model_copy(update={"run": run_id})
-        recs: list[RecordModel] = [header, *records]
-        steps = 0
-        for i in range(0, len(recs), _IMPORT_BATCH):
-            res = self.ingest(batch_of_records(run_id, header.rank,
-                                               recs[i:i + _IMPORT_BATCH]), name)
-            steps += len(res.rows)
+        self.ingest(batch_of_records(run_id, header.rank, [header]), name)
+        return run_id
+
+    def import_end(self, run_id: str) -> None:
+        """An imported log is stored whole: the run ends (interrupted without an End)."""
         st = self._state(run_id)
         if st is not None and st.status == "live":
             st.status = st.final_status() or "interrupted"
             self._conn.execute("UPDATE runs SET status=? WHERE rid=?", (st.status, st.rid))
-        return run_id, steps

@@ -1,10 +1,10 @@
 """How one validated batch lands in the database, inside the writer's transaction.
 
-Runs on the storage writer thread only. Each record goes to ``records`` once by (run,
-rank, seq); only records new to the database update the columns, counters, chunk
-summaries and the run's :class:`~gradwatch.verdict.Verdict`, so a resend changes nothing.
-Per-parameter norms stay in the step records (read back for the few steps a heatmap
-shows).
+Runs on the storage writer thread only. A step is stored once per (series, step): one
+resent, under its old seq or new ones, changes nothing (counters, rows and earlier data
+stand). Other records are stored once by (run, rank, seq). Only what is new to the
+database updates the columns, counters, chunk summaries and the run's
+:class:`~gradwatch.verdict.Verdict`.
 """
 
 from __future__ import annotations
@@ -15,40 +15,112 @@ from typing import Any
 
 from gradwatch.frames import OptimizerView
 from gradwatch.server.batch import Batch, Entry, IngestResult
-from gradwatch.server.rows import Row
+from gradwatch.server.rows import Row, must_keep
 from gradwatch.server.runstate import RunState
-from gradwatch.server.steptable import step_values
-from gradwatch.wire import End, Header, OptimizerInfo, Stats
+from gradwatch.server.steptable import C_STEP, PARAMS, PFRESH, RESETS, STEP_ROW, SUMMARY, StepCols
+from gradwatch.wire import End, Header, OptimizerInfo, Scalars, Stats
 
 _INSERT_RECORD = "INSERT OR IGNORE INTO records(rid, rank, seq, kind, body) VALUES(?,?,?,?,?)"
-_INSERT_STEP = "INSERT OR REPLACE INTO steps VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_INSERT_SCALARS = "INSERT OR IGNORE INTO scalars VALUES(?,?,?,?,?,?,?)"
+_INSERT_STEP = "INSERT INTO steps VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_INSERT_PARAMS = "INSERT INTO param_norms VALUES(?,?,?,?)"
 
 
-def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch,
-                res: IngestResult) -> None:
-    """Store the records of ``batch`` new to the database; fill ``res`` with the changes."""
+class ResetSets:
+    """``reset_sets`` ids by body, cached on the writer thread (cleared on a rollback)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+
+    def id_of(self, conn: sqlite3.Connection, body: str, summary: str | None) -> int:
+        """The id of a resets body, adding the row the first time."""
+        i = self._ids.get(body)
+        if i is None:
+            row = conn.execute("SELECT id FROM reset_sets WHERE body=?", (body,)).fetchone()
+            if row is None:
+                cur = conn.execute("INSERT INTO reset_sets(body, summary) VALUES(?,?)",
+                                   (body, summary))
+                assert cur.lastrowid is not None
+                i = cur.lastrowid
+            else:
+                i = int(row[0])
+            if len(self._ids) > 100_000:
+                self._ids.clear()
+            self._ids[body] = i
+        return i
+
+    def clear(self) -> None:
+        """Forget every id (a rolled-back transaction may have added some)."""
+        self._ids.clear()
+
+
+def step_row(conn: sqlite3.Connection, sid: int, c: StepCols, resets: ResetSets
+             ) -> tuple[Any, ...]:
+    """The ``steps`` values of one step's columns in series ``sid``."""
+    row = [sid, *c[STEP_ROW]]
+    if c[RESETS] is not None:
+        row[16] = resets.id_of(conn, c[RESETS], c[SUMMARY])
+    return tuple(row)
+
+
+def _new_steps(conn: sqlite3.Connection, st: RunState, rank: int,
+               steps: list[Entry]) -> list[tuple[int, Entry]]:
+    """The steps of a batch not stored yet, with their series ids."""
+    out: list[tuple[int, Entry]] = []
+    seen: set[tuple[int, int]] = set()
+    for e in steps:
+        assert e.row is not None and e.cols is not None
+        sid = st.series(conn, rank, e.row.opt)
+        step = e.cols[C_STEP]
+        if step > st.last_step.get(sid, -1):  # above every stored step: new for sure
+            st.last_step[sid] = step
+        elif (sid, step) in seen or conn.execute(
+                "SELECT 1 FROM steps WHERE sid=? AND step=?", (sid, step)).fetchone():
+            continue  # already stored: a resend, maybe under new seq numbers
+        seen.add((sid, step))
+        out.append((sid, e))
+    return out
+
+
+def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch, res: IngestResult,
+                resets: ResetSets) -> None:
+    """Store what of ``batch`` is new to the database; fill ``res`` with the changes."""
     rid, rank = st.rid, batch.rank
     max_seq = st.max_seq.get(rank, -1)
     new: list[Entry] = []
-    fresh_rows = []
+    steps: list[Entry] = []
     for e in batch.entries:
-        row = (rid, rank, e.seq, e.kind, e.body)
-        if e.seq > max_seq:  # above the highest stored seq: new for sure
-            fresh_rows.append(row)
+        if e.kind == "step":
+            steps.append(e)
+        elif e.kind == "scalars":
+            r = e.record
+            assert isinstance(r, Scalars)
+            if conn.execute(_INSERT_SCALARS, (rid, rank, e.seq, r.step, r.opt,
+                                              json.dumps(r.values), e.t)).rowcount == 1:
+                new.append(e)
+        elif conn.execute(_INSERT_RECORD, (rid, rank, e.seq, e.kind, e.body)).rowcount == 1:
             new.append(e)
-        elif conn.execute(_INSERT_RECORD, row).rowcount == 1:  # a gap being filled
-            new.append(e)
-    conn.executemany(_INSERT_RECORD, fresh_rows)
-    if not new:
+    fresh = _new_steps(conn, st, rank, steps)
+    top = max([max_seq] + [e.seq for e in batch.entries])
+    if not new and not fresh and top == max_seq:
         return
     step_rows: list[tuple[Any, ...]] = []
-    touched: dict[str, list[Row]] = {}
+    param_rows: list[tuple[Any, ...]] = []
+    touched: dict[int, list[Row]] = {}
+    for sid, e in fresh:
+        c, row = e.cols, e.row
+        assert c is not None and row is not None
+        step_rows.append(step_row(conn, sid, c, resets))
+        if c[PARAMS] is not None or c[PFRESH] is not None:
+            keep = st.keep_every.get(sid, 1)
+            if keep <= 1 or c[C_STEP] % keep == 0 or must_keep(row):
+                param_rows.append((sid, c[C_STEP], c[PARAMS], c[PFRESH]))
+        res.rows.append(row)
+        touched.setdefault(sid, []).append(row)
+        new.append(e)
+    new.sort(key=lambda e: e.seq)  # the verdict reads a stream in its order
     changed = False
     for e in new:
-        if e.row is not None:
-            step_rows.append(step_values(rid, e.seq, e.row))
-            res.rows.append(e.row)
-            touched.setdefault(e.row.opt, []).append(e.row)
         r = e.record
         if r is None:
             continue  # a step without finding facts changes no finding
@@ -67,6 +139,8 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch,
             st.dropped[rank] = max(st.dropped.get(rank, 0), r.dropped)
             if isinstance(r, End):
                 st.ended[rank] = r.status
+        elif isinstance(r, Scalars):
+            continue
         for f in st.verdict.feed(r, rank):
             changed = True
             key = (f.rank, f.optimizer, f.kind)
@@ -74,19 +148,23 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch,
             conn.execute("INSERT OR REPLACE INTO findings VALUES(?,?,?,?,?,?)",
                          (rid, *key, f.first_step, f.model_dump_json()))
     conn.executemany(_INSERT_STEP, step_rows)
-    for opt, opt_rows in touched.items():
-        st.chunks.add(conn, rank, opt, opt_rows)
+    conn.executemany(_INSERT_PARAMS, param_rows)
+    for sid, rows in touched.items():
+        st.chunks.add(conn, sid, rows)
     if changed:
         res.findings = st.verdict.findings()
     res.stored = len(new)
     st.steps += len(step_rows)
-    st.max_seq[rank] = max(max_seq, max(e.seq for e in new))
-    st.updated = max(st.updated, max(e.t for e in new))
+    st.max_seq[rank] = top
+    if new:
+        st.updated = max(st.updated, max(e.t for e in new))
     st.status = st.final_status() or "live"
     conn.execute(
         "UPDATE runs SET status=?, updated=?, steps=?, findings=?, ranks=?, optimizers=?, "
         "dropped=? WHERE rid=?",
         (st.status, st.updated, st.steps, len(st.finding_keys), json.dumps(sorted(st.ranks)),
          json.dumps(st.optimizers), sum(st.dropped.values()), rid))
-    conn.execute("INSERT OR REPLACE INTO streams VALUES(?,?,?,?,?)",
-                 (rid, rank, st.max_seq[rank], st.ended.get(rank), st.dropped.get(rank, 0)))
+    conn.execute("INSERT INTO streams(rid, rank, max_seq, ended, dropped) VALUES(?,?,?,?,?) "
+                 "ON CONFLICT(rid, rank) DO UPDATE SET max_seq=excluded.max_seq, "
+                 "ended=excluded.ended, dropped=excluded.dropped",
+                 (rid, rank, top, st.ended.get(rank), st.dropped.get(rank, 0)))

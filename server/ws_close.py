@@ -14,6 +14,7 @@ from gradwatch.server.errors import (
     Refused,
     RunLimitReached,
     SlowReader,
+    StorageFailed,
     StoreBusy,
     TooManyConnections,
     TooManyFrames,
@@ -39,6 +40,7 @@ _CODES: dict[type[Refused], int] = {
     TooManyConnections: TRY_LATER,
     SlowReader: TRY_LATER,
     StoreBusy: TRY_LATER,
+    StorageFailed: TRY_LATER,
 }
 
 

@@ -81,3 +81,28 @@ def test_the_data_directory_is_made_private(tmp_path: Path) -> None:
     settings_from_args(["--data", str(fresh)])
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
     assert stat.S_IMODE((fresh / "gradwatch.db").stat().st_mode) == 0o600
+
+
+def test_keep_param_norms_every_n(tmp_path: Path) -> None:
+    data = ["--data", str(tmp_path)]
+    assert settings_from_args(data)[0].keep_param_norms == 1
+    assert settings_from_args(["--keep-param-norms", "every", "10", *data])[0] \
+        .keep_param_norms == 10
+    for bad in (["every", "0"], ["each", "10"], ["every", "x"]):
+        with pytest.raises(SystemExit):
+            settings_from_args(["--keep-param-norms", *bad, *data])
+
+
+def test_serve_refuses_a_database_of_a_newer_gradwatch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import sqlite3
+
+    from gradwatch.server.cli import main
+    from gradwatch.server.db import DB_NAME
+
+    c = sqlite3.connect(tmp_path / DB_NAME)
+    c.execute("PRAGMA user_version=7")
+    c.commit()
+    c.close()
+    assert main(["--data", str(tmp_path), "--import-only"]) == 2
+    assert "newer gradwatch" in capsys.readouterr().err

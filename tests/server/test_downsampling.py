@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -160,18 +161,18 @@ def test_stored_series_downsample_exactly_as_the_rule(tmp_path: Path) -> None:
 
 
 def test_summaries_of_an_older_version_are_rebuilt(tmp_path: Path) -> None:
-    rows = random_rows(random.Random(7), 0, "A", 3000)
-    store = Store(tmp_path)
-    store.start()
-    send(store, stream(rows), size=1000)
-    store.close()
-    conn = sqlite3.connect(tmp_path / db.DB_NAME)  # as an older gradwatch left them
+    """A schema 2 file whose chunk summaries are of the older form (user_version 0)."""
+    shutil.copyfile(Path(__file__).parent / "fixtures" / "release-current.db",
+                    tmp_path / db.DB_NAME)
+    conn = sqlite3.connect(tmp_path / db.DB_NAME)
     conn.execute("UPDATE step_agg SET sig='[\"optimizer_zero_grad\"]', odd_step=NULL, "
                  "mx_norm_step=mn_norm_step")
     conn.execute("PRAGMA user_version=0")
     conn.commit()
     conn.close()
     Store(tmp_path).close()
-    got = Reader(tmp_path).steps("run1", max_points=120)
-    assert got is not None and got.bucket >= db.CHUNK
-    assert_same_rows(got.rows, downsample(rows, 120, align=db.CHUNK)[0])
+    r = Reader(tmp_path)
+    every = r.steps("alpha", opt="Adam#0", rank=0, max_points=100_000)
+    got = r.steps("alpha", opt="Adam#0", rank=0, max_points=3)
+    assert every is not None and got is not None and got.bucket >= db.CHUNK
+    assert_same_rows(got.rows, downsample(every.rows, 3, align=db.CHUNK)[0])

@@ -11,7 +11,7 @@ from gradwatch.frames import Hello
 from gradwatch.server.batch import Batch
 from gradwatch.server.errors import InvalidFrame, UnreadableFrame
 from gradwatch.server.parsing import INLINE_BYTES, FrameParser, parse_frame
-from gradwatch.wire import PROTOCOL_VERSION, OptimizerInfo, Step, parse_record
+from gradwatch.wire import OptimizerInfo, Step, parse_record
 
 
 def test_a_frame_becomes_entries_with_the_validated_records_storage_reads() -> None:
@@ -22,11 +22,12 @@ def test_a_frame_becomes_entries_with_the_validated_records_storage_reads() -> N
     assert kinds == [("header", "Header"), ("optimizer", "OptimizerInfo"),
                      *[("step", None)] * 3, *[("step", "Step")] * 3, ("end", "End")]
     assert [e.row.step for e in batch.entries if e.row] == list(range(6))
-    # the stored line is the record, as valid as it came: no None fields, except a step's
-    # (an export's header says version 2, where a left-out fresh norm means "the norm")
+    # the stored line is the record, as valid as it came (no None fields, read back at
+    # version 1); a step without a finding fact lives in its columns only
     assert OptimizerInfo.model_validate_json(batch.entries[1].body) == recs[1]
     assert "null" not in batch.entries[1].body
-    assert parse_record(batch.entries[2].body, PROTOCOL_VERSION) == recs[2]
+    assert batch.entries[2].body == "" and batch.entries[2].cols is not None
+    assert parse_record(batch.entries[5].body, 1) == recs[5]
 
 
 @pytest.mark.parametrize(("text", "error", "words"), [

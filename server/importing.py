@@ -1,0 +1,276 @@
+"""A step log read as it arrives: lines split, validated and batched a block at a time.
+
+``POST /api/runs/import`` and ``serve --import`` feed bytes in (:class:`LogBlocks`), and
+get back batches of validated records ready for storage (:class:`~server.batch.Batch`,
+built here, off the writer thread). Memory holds one block of text and its records,
+however long the log. The rules are the step-log reader's: a header first and only
+first, every line a valid record (an error names the line and the field), a truncated
+*last* line tolerated with a warning, a log starting with gzip's magic bytes read through
+gzip. Records are parsed one line at a time with :func:`gradwatch.wire.parse_record`, at the
+version the header names. Plain module: no FastAPI.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from pydantic import ValidationError
+
+from gradwatch.logreader import GZIP_MAGIC
+from gradwatch.server.batch import Batch, batch_of_records
+from gradwatch.server.errors import InvalidLog
+from gradwatch.wire import Header, parse_record
+
+BLOCK_BYTES = 1 << 20
+"""Text handed on at a time (a block ends at a line's end)."""
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(x) for x in first.get("loc", ()))
+    msg = first.get("msg", "invalid")
+    return f"{msg} (at {loc})" if loc else msg
+
+
+class LogBlocks:
+    """Turns a step log's bytes, fed in pieces, into validated blocks of records.
+
+    Args:
+        name: what errors call the log (``upload``, a file's path).
+        run: the run id to give the header (a free one); ``None``: the log's own.
+    """
+
+    def __init__(self, name: str, run: str | None = None):
+        self.name = name
+        self.run = run
+        self.header: Header | None = None
+        self._seen_v = 1
+        """The version of a header read in an earlier block (:func:`batch_of_lines`)."""
+        self.warnings: list[str] = []
+        self.lines = 0
+        self._tail = b""
+        self._start = b""
+        """The first bytes, until there are enough to tell a gzip stream."""
+        self._gunzip: Any = None
+        """A ``zlib`` decompressor once the log is known to be gzip-compressed; False: plain."""
+
+    @property
+    def v(self) -> int:
+        """The version records are read at: the header's (a header reads the same at any)."""
+        return self.header.v if isinstance(self.header, Header) else self._seen_v
+
+    def _plain(self, data: bytes) -> bytes:
+        if self._gunzip is None:
+            self._start += data
+            if len(self._start) < len(GZIP_MAGIC):
+                return b""
+            data, self._start = self._start, b""
+            self._gunzip = (zlib.decompressobj(wbits=31) if data.startswith(GZIP_MAGIC)
+                            else False)
+        if self._gunzip is False:
+            return data
+        try:
+            return self._gunzip.decompress(data)
+        except zlib.error as e:
+            raise InvalidLog(f"{self.name}: the compressed log is corrupt ({e})") from None
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """Take more bytes; the complete lines they end, numbered."""
+        data = self._plain(data) if data else b""
+        if not data:
+            return []
+        data = self._tail + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self._tail = data
+            return []
+        self._tail = data[cut + 1:]
+        out = []
+        for raw in data[:cut].split(b"\n"):
+            self.lines += 1
+            if raw.strip():
+                out.append((self.lines, raw))
+        return out
+
+    def finish(self) -> list[tuple[int, bytes]]:
+        """The last line, if it did not end with a newline (possibly truncated)."""
+        if self._gunzip is None and self._start:  # shorter than gzip's magic: plain
+            self._gunzip, self._tail = False, self._tail + self._start
+        tail, self._tail = self._tail, b""
+        if not tail.strip():
+            return []
+        self.lines += 1
+        return [(-self.lines, tail)]  # negative: the unterminated last line
+
+    def parse(self, lines: list[tuple[int, bytes]]) -> list[Any]:
+        """Validate numbered lines into records (the header replaced by its new id).
+
+        Raises:
+            InvalidLog: a line is not a valid record, or breaks the header rules.
+        """
+        out: list[Any] = []
+        for n, raw in lines:
+            last, n = n < 0, abs(n)
+            try:
+                rec = parse_record(raw, self.v)
+            except ValidationError as e:
+                if last and self.header is not None:
+                    self.warnings.append(f"{self.name}:{n}: last line is truncated (the "
+                                         f"writer stopped mid-line); ignored it")
+                    continue
+                if n == 1 and not raw.lstrip().startswith(b"{"):
+                    raise InvalidLog(f"{self.name}:{n}: not a gradwatch step log (line 1 "
+                                     f"is not JSON)") from None
+                raise InvalidLog(f"{self.name}:{n}: {_describe(e)}") from None
+            if isinstance(rec, Header):
+                if self.header is not None:
+                    raise InvalidLog(f"{self.name}:{n}: a second header: this file is two "
+                                     f"logs concatenated; split it into one file per run")
+                if self.run is not None:
+                    rec = rec.model_copy(update={"run": self.run})
+                self.header = rec
+            elif self.header is None:
+                raise InvalidLog(f"{self.name}:{n}: the first line must be the header, "
+                                 f"found a '{rec.type}' record")
+            out.append(rec)
+        return out
+
+    def batch(self, lines: list[tuple[int, bytes]]) -> Batch:
+        """:meth:`parse`, as a batch of the header's stream ready for storage.
+
+        Raises:
+            InvalidLog: as :meth:`parse`.
+        """
+        recs = self.parse(lines)
+        h = self.header
+        if h is None:
+            return Batch(self.run or "", 0, [])
+        return batch_of_records(h.run, h.rank, recs)
+
+    def check_end(self) -> None:
+        """Raises :class:`InvalidLog` for a log without a header line (empty)."""
+        if self.header is None:
+            raise InvalidLog(f"{self.name}: the step log is empty (no header line)")
+
+
+def batch_of_lines(name: str, lines: list[tuple[int, bytes]], run: str, rank: int,
+                   v: int) -> Batch:
+    """Numbered lines after the header's block, validated at version ``v`` into a batch of
+    ``(run, rank)``: what a parser process does (no state crosses but the arguments).
+
+    Raises:
+        InvalidLog: as :meth:`LogBlocks.parse` (a header here is a second header).
+    """
+    blocks = LogBlocks(name)
+    blocks.header, blocks._seen_v = _SEEN, v
+    return batch_of_records(run, rank, blocks.parse(lines))
+
+
+_SEEN: Any = object()
+"""Stands for a header read in an earlier block."""
+
+
+def file_blocks(fh: IO[bytes], size: int = BLOCK_BYTES) -> Iterator[bytes]:
+    """A binary file's bytes, a block at a time."""
+    while chunk := fh.read(size):
+        yield chunk
+
+
+def validate(name: str, chunks: Iterable[bytes]) -> list[str]:
+    """Read a whole log through, storing nothing; its warnings.
+
+    Raises:
+        InvalidLog: the log is not valid (the error names the line and field).
+    """
+    blocks = LogBlocks(name)
+    for data in chunks:
+        blocks.parse(blocks.feed(data))
+    blocks.parse(blocks.finish())
+    blocks.check_end()
+    return blocks.warnings
+
+
+class MultipartFile:
+    """The content of the ``file`` field of a ``multipart/form-data`` body, streamed.
+
+    Fed the body in pieces, it hands on the bytes of the first part named ``file`` as they
+    arrive (keeping back only what could be the start of the closing boundary), so an
+    upload is never held whole.
+
+    Args:
+        ctype: the request's Content-Type (with its ``boundary``).
+    Raises:
+        InvalidLog: no boundary in the Content-Type.
+    """
+
+    def __init__(self, ctype: str):
+        boundary = None
+        for part in ctype.split(";")[1:]:
+            k, _, v = part.strip().partition("=")
+            if k.lower() == "boundary":
+                boundary = v.strip().strip('"')
+        if not boundary:
+            raise InvalidLog("multipart upload without a boundary in its Content-Type")
+        self._delim = b"\r\n--" + boundary.encode("latin-1")
+        self._buf = b"\r\n"  # the first delimiter has no CRLF before it
+        self._state = "preamble"  # -> headers -> body (the file) -> done
+        self.filename = "upload"
+
+    def feed(self, data: bytes) -> bytes:
+        """Take more of the body; the file bytes it completes."""
+        self._buf += data
+        out = []
+        while True:
+            if self._state == "preamble" or self._state == "skip":
+                i = self._buf.find(self._delim)
+                if i < 0:
+                    self._buf = self._buf[-len(self._delim):]
+                    break
+                self._buf = self._buf[i + len(self._delim):]
+                self._state = "headers"
+            elif self._state == "headers":
+                i = self._buf.find(b"\r\n\r\n")
+                if i < 0:
+                    if len(self._buf) > 16 << 10:
+                        raise InvalidLog("multipart part headers too long")
+                    break
+                head = self._buf[:i].decode("latin-1")
+                self._buf = self._buf[i + 4:]
+                self._state = "skip"
+                for line in head.split("\r\n"):
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-disposition":
+                        params = _params(value)
+                        if params.get("name") == "file":
+                            self._state = "body"
+                            self.filename = params.get("filename") or "upload"
+            elif self._state == "body":
+                i = self._buf.find(self._delim)
+                if i >= 0:
+                    out.append(self._buf[:i])
+                    self._buf = b""
+                    self._state = "done"
+                    break
+                keep = len(self._delim)
+                out.append(self._buf[:-keep])
+                self._buf = self._buf[-keep:]
+                break
+            else:
+                self._buf = b""
+                break
+        return b"".join(out)
+
+    def finish(self) -> None:
+        """Raises :class:`InvalidLog` if the body held no complete ``file`` field."""
+        if self._state != "done":
+            raise InvalidLog("multipart upload without a complete 'file' field")
+
+
+def _params(value: str) -> dict[str, str]:
+    out = {}
+    for part in value.split(";")[1:]:
+        k, _, v = part.strip().partition("=")
+        out[k.strip().lower()] = v.strip().strip('"')
+    return out
