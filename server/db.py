@@ -79,8 +79,20 @@ def connect(data_dir: Path, readonly: bool = False) -> sqlite3.Connection:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(SCHEMA)
+        _add_stream_columns(conn)
     conn.execute("PRAGMA cache_size=-65536")
     return conn
+
+
+def _add_stream_columns(conn: sqlite3.Connection) -> None:
+    """Add the columns later versions gave ``streams`` to a file made without them:
+    ``acked`` (the contiguous prefix of stored seqs; NULL: as ``max_seq``) and
+    ``key_hash`` (the owner's key; NULL: a keyless stream). Both nullable, so old rows
+    read as before and an older gradwatch still writes the file."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(streams)")}
+    for col, decl in (("acked", "INTEGER"), ("key_hash", "TEXT")):
+        if col not in have:
+            conn.execute(f"ALTER TABLE streams ADD COLUMN {col} {decl}")
 
 
 def summaries_outdated(conn: sqlite3.Connection) -> bool:

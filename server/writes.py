@@ -14,6 +14,7 @@ import sqlite3
 from typing import Any
 
 from gradwatch.frames import OptimizerView
+from gradwatch.server import prefix
 from gradwatch.server.batch import Batch, Entry, IngestResult
 from gradwatch.server.rows import Row
 from gradwatch.server.runstate import RunState
@@ -81,6 +82,8 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch,
     res.stored = len(new)
     st.steps += len(step_rows)
     st.max_seq[rank] = max(max_seq, max(e.seq for e in new))
+    st.acked[rank] = prefix.advance(conn, rid, rank, st.acked.get(rank, -1),
+                                    (e.seq for e in batch.entries), st.max_seq[rank])
     st.updated = max(st.updated, max(e.t for e in new))
     st.status = st.final_status() or "live"
     conn.execute(
@@ -88,5 +91,7 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch,
         "dropped=? WHERE rid=?",
         (st.status, st.updated, st.steps, len(st.finding_keys), json.dumps(sorted(st.ranks)),
          json.dumps(st.optimizers), sum(st.dropped.values()), rid))
-    conn.execute("INSERT OR REPLACE INTO streams VALUES(?,?,?,?,?)",
-                 (rid, rank, st.max_seq[rank], st.ended.get(rank), st.dropped.get(rank, 0)))
+    conn.execute("INSERT OR REPLACE INTO streams(rid, rank, max_seq, ended, dropped, acked, "
+                 "key_hash) VALUES(?,?,?,?,?,?,?)",
+                 (rid, rank, st.max_seq[rank], st.ended.get(rank), st.dropped.get(rank, 0),
+                  st.acked[rank], st.keys.get(rank)))

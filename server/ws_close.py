@@ -15,6 +15,7 @@ from gradwatch.server.errors import (
     RunLimitReached,
     SlowReader,
     StoreBusy,
+    StreamOwned,
     TooManyConnections,
     TooManyFrames,
     UnreadableFrame,
@@ -27,6 +28,7 @@ POLICY = 1008
 TOO_BIG = 1009
 TRY_LATER = 1013
 NO_RUN = 4404
+NOT_OWNER = 4403
 
 _CODES: dict[type[Refused], int] = {
     IdleConnection: GOING_AWAY,
@@ -39,6 +41,7 @@ _CODES: dict[type[Refused], int] = {
     TooManyConnections: TRY_LATER,
     SlowReader: TRY_LATER,
     StoreBusy: TRY_LATER,
+    StreamOwned: NOT_OWNER,
 }
 
 

@@ -49,7 +49,9 @@ class IngestSession:
         self.pending: asyncio.Queue[_Resuming | _Storing | None] = asyncio.Queue(
             self.PIPELINE)
         self.sending_to: set[str] = set()
-        """Runs this connection has sent batches to."""
+        """Runs this connection has stored batches in."""
+        self.keys: dict[tuple[str, int], str | None] = {}
+        """The key each (run, rank) hello of this connection carried (the last one)."""
 
     async def run(self) -> None:
         """Serve the connection until the client leaves or a frame is refused."""
@@ -94,14 +96,13 @@ class IngestSession:
                 frame = await self.runs.parser.parse(text)
                 job: _Resuming | _Storing
                 if isinstance(frame, Hello):
+                    self.keys[frame.run, frame.rank] = frame.key
                     job = _Resuming(frame, asyncio.wrap_future(
-                        store.submit(store.resume_seq, frame.run, frame.rank)))
+                        store.submit(store.resume_seq, frame.run, frame.rank, frame.key)))
                 else:
-                    if frame.run not in self.sending_to:
-                        self.sending_to.add(frame.run)
-                        self.runs.streams.connect(frame.run)
-                    job = _Storing(frame, asyncio.wrap_future(store.submit(store.ingest,
-                                                                           frame)))
+                    key = self.keys.get((frame.run, frame.rank))
+                    job = _Storing(frame, asyncio.wrap_future(
+                        store.submit(store.ingest, frame, None, key)))
                 await self.pending.put(job)
         except Refused as e:
             return e
@@ -120,6 +121,9 @@ class IngestSession:
                     text = Resume(run=h.run, rank=h.rank, seq=await job.seq).model_dump_json()
                 else:
                     res = await job.result
+                    if res.run not in self.sending_to:  # stored: this connection feeds it
+                        self.sending_to.add(res.run)
+                        self.runs.streams.connect(res.run)
                     self.runs.publish(res)
                     text = Ack(run=res.run, rank=res.rank, seq=res.ack).model_dump_json()
             except Refused as e:
