@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,8 +22,9 @@ import pytest
 import synth
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
+from websockets.sync.server import ServerConnection, serve
 
-from gradwatch.frames import Hello
+from gradwatch.frames import Ack, Hello, Resume
 from gradwatch.stream import Streamer
 from gradwatch.streamkey import key_file, own_key, read_key
 from gradwatch.wire import End, IngestBatch
@@ -142,3 +144,51 @@ def test_hostile_numbers_close_1007_and_import_400_without_a_traceback(
         assert e.value.code == 400
         assert srv.get("/api/runs") == {"runs": []}
     assert "Traceback" not in srv.log.read_text()
+
+
+class OldServer:
+    """An ingest server from before stream keys: it refuses a hello's ``key`` (1007), and
+    otherwise stores and acks like the real one (highest seq of contiguous records)."""
+
+    def __init__(self) -> None:
+        self.hellos: list[dict[str, Any]] = []
+        self.seqs: set[int] = set()
+        self.server = serve(self._handle, "127.0.0.1", 0)
+        self.url = f"ws://127.0.0.1:{self.server.socket.getsockname()[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _ack(self) -> int:
+        n = -1
+        while n + 1 in self.seqs:
+            n += 1
+        return n
+
+    def _handle(self, ws: ServerConnection) -> None:
+        for text in ws:
+            m = json.loads(text)
+            if m["type"] == "hello":
+                self.hellos.append(m)
+                if "key" in m:
+                    ws.close(1007, "invalid frame at hello.key: Extra inputs are not "
+                                   "permitted")
+                    return
+                ws.send(Resume(run=m["run"], rank=0, seq=self._ack()).model_dump_json())
+            else:
+                self.seqs.update(r["seq"] for r in m["records"])
+                ws.send(Ack(run=m["run"], rank=0, seq=self._ack()).model_dump_json())
+
+
+def test_a_server_from_before_keys_gets_a_keyless_stream(tmp_path: Path) -> None:
+    recs = synth.records("old", steps=30)
+    log = tmp_path / "old.jsonl"
+    log.write_text(synth.log_text(recs))
+    old = OldServer()
+    try:
+        s = Streamer(old.url, log, "old", key=own_key(log))
+        s.start()
+        s.notify()
+        s.close(timeout=15)
+        assert s.stats()["acked_seq"] == len(recs) - 1 and s.stats()["disabled"] is None
+        assert ["key" in h for h in old.hellos] == [True, False]
+    finally:
+        old.server.shutdown()
