@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from fastapi import WebSocket, WebSocketDisconnect
 
@@ -72,6 +72,10 @@ class IngestSession:
                 with contextlib.suppress(Exception):
                     await within(self.ws.close(code, short(err.reason)), 1.0)
         finally:
+            while not self.pending.empty():  # frames after a refused one: never acked
+                job = self.pending.get_nowait()
+                if job is not None:
+                    _forget(job.seq if isinstance(job, _Resuming) else job.result)
             for run in self.sending_to:
                 self.runs.streams.disconnect(run)
 
@@ -135,6 +139,11 @@ class IngestSession:
                 return SlowReader(f"acks not read for {timeout:g} s: closed")
             except (WebSocketDisconnect, RuntimeError):
                 return None
+
+
+def _forget(fut: asyncio.Future[Any]) -> None:
+    """Drop a stored (or refused) frame's outcome without asyncio logging it as lost."""
+    fut.add_done_callback(lambda f: None if f.cancelled() else f.exception())
 
 
 async def _quiet(task: asyncio.Task[T]) -> T | None:

@@ -78,6 +78,7 @@ def test_a_stranger_cannot_end_or_advance_a_streaming_run(tmp_path: Path) -> Non
         assert s.stats()["acked_seq"] == len(recs) - 1 and s.stats()["disabled"] is None
         got = srv.get("/api/runs/owned")
         assert got["steps"] == 200 and got["status"] == "finished"
+    assert "Traceback" not in srv.log.read_text()  # refusals are answers, not crashes
 
 
 def test_replay_resume_proves_ownership_with_the_log_key(tmp_path: Path) -> None:
