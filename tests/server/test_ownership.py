@@ -9,6 +9,7 @@ contiguous prefix of stored records, never the highest seq seen.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from starlette.testclient import WebSocketTestSession
 from starlette.websockets import WebSocketDisconnect
 
 from gradwatch.frames import Hello
-from gradwatch.server import Settings, create_app
+from gradwatch.server import Settings, create_app, db
 from gradwatch.wire import End, IngestBatch
 
 KEY = "k" * 32
@@ -159,3 +160,21 @@ def test_hello_keys_are_bounded(client: TestClient) -> None:
         frame = json.dumps({"type": "hello", "v": 1, "run": "run1", "rank": 0, "key": key})
         code, reason = refused(client, [frame])
         assert code == 1007 and "hello.key" in reason, (key, reason)
+
+
+def test_a_data_directory_from_before_keys_opens_and_acks_as_it_did(
+        settings: Settings, recs: list[Any]) -> None:
+    with TestClient(create_app(settings)) as client, \
+            client.websocket_connect("/ws/ingest") as ws:
+        assert send(ws, recs[:20]) == 19
+    conn = sqlite3.connect(settings.data_dir / db.DB_NAME)
+    conn.execute("ALTER TABLE streams DROP COLUMN acked")  # as an older server left it
+    conn.execute("ALTER TABLE streams DROP COLUMN key_hash")
+    conn.commit()
+    conn.close()
+    with TestClient(create_app(settings)) as client:
+        with client.websocket_connect("/ws/ingest") as ws:
+            assert hello(ws, KEY) == 19  # its ack was the highest seq: kept
+            assert send(ws, recs[20:30]) == 29
+        with client.websocket_connect("/ws/ingest") as ws:  # still keyless: open to all
+            assert send(ws, recs[30:]) == len(recs) - 1
