@@ -88,7 +88,8 @@ def _add_stream_columns(conn: sqlite3.Connection) -> None:
     """Add the columns later versions gave ``streams`` to a file made without them:
     ``acked`` (the contiguous prefix of stored seqs; NULL: as ``max_seq``) and
     ``key_hash`` (the owner's key; NULL: a keyless stream). Both nullable, so old rows
-    read as before and an older gradwatch still writes the file."""
+    read as before (an older gradwatch can read such a file, but not write streams to it:
+    its insert names five columns)."""
     have = {r[1] for r in conn.execute("PRAGMA table_info(streams)")}
     for col, decl in (("acked", "INTEGER"), ("key_hash", "TEXT")):
         if col not in have:

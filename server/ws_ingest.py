@@ -2,7 +2,9 @@
 
 Pipelined: frame k+1 is read and validated while frame k is being stored; acks go out in
 frame order. The first refused frame closes the connection (code from
-:mod:`server.ws_close`) after the valid frames before it are stored and acked.
+:mod:`server.ws_close`) after the valid frames before it are stored and acked. The key of
+a connection's last ``hello`` per (run, rank) goes with each of its batches to storage,
+which refuses a keyed stream's batch without it (:mod:`server.owners`).
 """
 
 from __future__ import annotations
