@@ -11,7 +11,7 @@ values the server already validated.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
@@ -25,13 +25,28 @@ class _Frame(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
 
+STREAM_KEY_CHARS = "A-Za-z0-9_-"
+"""The characters of a stream key (what ``secrets.token_urlsafe`` makes)."""
+StreamKey = Annotated[str, Field(min_length=16, max_length=128,
+                                 pattern=f"^[{STREAM_KEY_CHARS}]+$")]
+"""A stream's secret: whoever sent it first owns the (run, rank) stream."""
+
+
 class Hello(_Frame):
-    """Client → server on ``/ws/ingest``: "where should I restart this stream?"."""
+    """Client → server on ``/ws/ingest``: "where should I restart this stream?".
+
+    With ``key`` it also claims the stream: the first connection to start a (run, rank)
+    stream after a keyed hello makes it that key's (the server keeps a hash), and from then
+    on only connections whose hello carried the same key may add records to it (see
+    ``server/API.md``). Serialise it with ``exclude_none=True``: a server older than the
+    key refuses the field.
+    """
 
     type: Literal["hello"] = "hello"
     v: int = wire.PROTOCOL_VERSION
     run: RunId
     rank: wire.NonNegInt = 0
+    key: StreamKey | None = None
 
     @field_validator("v")
     @classmethod
@@ -40,7 +55,9 @@ class Hello(_Frame):
 
 
 class Ack(_Frame):
-    """Server → client: every record of (run, rank) with ``seq`` ≤ this one is stored."""
+    """Server → client, once per stored batch in frame order: every record of (run, rank)
+    with ``seq`` ≤ this one is stored (the contiguous prefix: a gap in the stream holds it
+    below the gap, however far later records go)."""
 
     type: Literal["ack"] = "ack"
     run: str
@@ -49,7 +66,8 @@ class Ack(_Frame):
 
 
 class Resume(_Frame):
-    """Server → client answer to :class:`Hello`: highest stored seq (-1 if none)."""
+    """Server → client answer to :class:`Hello`: the stream's ack (every record up to
+    ``seq`` is stored; -1 if none)."""
 
     type: Literal["resume"] = "resume"
     run: str

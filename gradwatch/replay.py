@@ -8,7 +8,8 @@ fast as possible with ``--fast``; records are written to a temporary spool. With
 ``--resume`` the log itself is the spool, under its own run id and times: the server says
 which records it already holds (``hello`` → ``resume``) and gets the rest, which is how a
 run whose server went away is completed (a compressed log is first copied out plain: the
-streamer tails a plain file). Either way the probe's
+streamer tails a plain file); it proves the run's stream is its own with the key the probe
+kept beside the log (``<log>.key``, :mod:`gradwatch.streamkey`). Either way the probe's
 :class:`~gradwatch.stream.Streamer` sends (resume on reconnect, nothing stored twice).
 Exit codes: 0 sent, 1 the server did not take it all, 2 bad arguments or invalid log.
 """
@@ -32,6 +33,7 @@ from urllib.parse import urlsplit
 from gradwatch.cliargs import CommandParser
 from gradwatch.steplog import GZIP_MAGIC, LogReader, StepLogError, StepLogWriter
 from gradwatch.stream import Streamer, ingest_url
+from gradwatch.streamkey import key_file, new_key, read_key
 
 
 def _parser() -> CommandParser:
@@ -136,7 +138,7 @@ def main(argv: Sequence[str]) -> int:
             LogReader(a.log) as reader:
         spool = Path(d) / "spool.jsonl"
         writer = StepLogWriter(spool, flush_every=0.05)
-        streamer = Streamer(a.server, spool, run, header.rank, token)
+        streamer = Streamer(a.server, spool, run, header.rank, token, key=new_key())
         streamer.start()
         plan = retimed(chain([reader.header], reader), header.t, start,
                        None if a.fast else a.speed or 1.0, run, name)
@@ -173,6 +175,7 @@ def resume(path: Path, run: str, rank: int, last_seq: int, server: str, token: s
     """
     print(f"resuming run {run} (rank {rank}) from {path}\n"
           f"dashboard: {dashboard_url(server, run)}", flush=True)
+    key = read_key(path)
     with tempfile.TemporaryDirectory(prefix="gradwatch-resume-") as d:
         spool = path
         with path.open("rb") as fh:
@@ -181,7 +184,7 @@ def resume(path: Path, run: str, rank: int, last_seq: int, server: str, token: s
                 with gzip.open(path, "rb") as src, spool.open("wb") as out, \
                         contextlib.suppress(EOFError):  # a writer that died mid-stream
                     shutil.copyfileobj(src, out)
-        streamer = Streamer(server, spool, run, rank, token)
+        streamer = Streamer(server, spool, run, rank, token, key=key)
         streamer.start()
         streamer.notify()
         streamer.close(timeout=timeout)  # returns once the log is stored, or at the timeout
@@ -189,6 +192,9 @@ def resume(path: Path, run: str, rank: int, last_seq: int, server: str, token: s
     had = stats["server_had"]
     if stats["disabled"] or stats["acked_seq"] < last_seq:
         why = stats["disabled"] or "the server was unreachable or did not ack in time"
+        if key is None and "4403" in why:
+            why += (f"; the probe that wrote the log kept the stream's key in "
+                    f"{key_file(path)}: put it back beside the log")
         print(f"gradwatch replay: the server holds records up to seq {stats['acked_seq']} of "
               f"{last_seq}: {why}", file=sys.stderr)
         return 1

@@ -6,8 +6,9 @@ models at the version the spool's header names, sends the lines as they are in
 :class:`~gradwatch.wire.IngestBatch` frames of that version (a few in flight) and
 advances on the server's acks. When the server is down, records simply stay in the spool;
 on reconnect (exponential backoff) it asks the server where to resume (``hello`` →
-``resume``) and sends the rest, so nothing is lost or stored twice. Imports neither torch
-nor fastapi.
+``resume``) and sends the rest, so nothing is lost or stored twice. Its ``hello`` carries
+the stream's key (:mod:`gradwatch.streamkey`), so no other connection can write the stream.
+Imports neither torch nor fastapi.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ KEEPALIVE = 60.0
 """Seconds without a frame after which an idle stream sends a ``hello`` (the server closes
 ingest connections idle for longer than its ``--ingest-idle-timeout``)."""
 RATE_LIMITED = 1013
-FATAL_CLOSE = {1003: "unsupported data", 1007: "invalid record", 1008: "refused by policy"}
+FATAL_CLOSE = {1003: "unsupported data", 1007: "invalid record", 1008: "refused by policy",
+               4403: "the stream belongs to another connection"}
 
 
 def ingest_url(server: str) -> str:
@@ -62,16 +64,18 @@ class Streamer:
         run: run id (the header's ``run``).
         rank: process rank.
         token: server token, sent as ``Authorization: Bearer``.
+        key: the stream's key (:func:`gradwatch.streamkey.own_key`); ``None``: a keyless
+            stream, which any connection may write.
         max_records / max_bytes: batch limits.
     """
 
     def __init__(self, url: str, spool: Path, run: str, rank: int = 0,
-                 token: str | None = None, *, max_records: int = 1000,
-                 max_bytes: int = 512 << 10, ack_timeout: float = 10.0,
-                 max_backoff: float = 5.0):
+                 token: str | None = None, *, key: str | None = None,
+                 max_records: int = 1000, max_bytes: int = 512 << 10,
+                 ack_timeout: float = 10.0, max_backoff: float = 5.0):
         self.url = ingest_url(url)
         self.spool = Path(spool)
-        self.run, self.rank, self.token = run, rank, token
+        self.run, self.rank, self.token, self.key = run, rank, token, key
         self.max_records, self.max_bytes = max_records, max_bytes
         self.ack_timeout, self.max_backoff = ack_timeout, max_backoff
         self._wake = threading.Event()
@@ -163,7 +167,8 @@ class Streamer:
 
     def _handshake(self, ws: ClientConnection) -> None:
         """Ask where to resume (``hello`` → ``resume``) and position the spool reader."""
-        ws.send(Hello(run=self.run, rank=self.rank).model_dump_json())
+        ws.send(Hello(run=self.run, rank=self.rank, key=self.key)
+                .model_dump_json(exclude_none=True))
         resume = Resume.model_validate_json(ws.recv(timeout=self.ack_timeout))
         if self._stats["reconnects"] == 0 and not self._stats["connected"]:
             log.info("gradwatch streamer: connected to %s", self.url)
@@ -184,7 +189,12 @@ class Streamer:
         code = getattr(getattr(e, "rcvd", None), "code", None)
         reason = getattr(getattr(e, "rcvd", None), "reason", "")
         was_connected = self._stats["connected"]
-        if code in FATAL_CLOSE:
+        if code == 1007 and self.key is not None and "hello.key" in reason:
+            # A server older than stream keys: stream keyless, as before keys existed.
+            log.warning("gradwatch streamer: %s predates stream keys; the stream is open "
+                        "to any writer there (upgrade the server)", self.url)
+            self.key = None
+        elif code in FATAL_CLOSE:
             self._stats["disabled"] = f"server closed {code} ({reason})"
             log.error("gradwatch streamer: the server refused the stream (%s %s: %s); "
                       "records stay in %s", code, FATAL_CLOSE[code], reason, self.spool)
@@ -217,11 +227,13 @@ class Streamer:
             ws.send(batch)
             self._last_send = time.monotonic()
         if self._inflight:
+            # One ack per stored batch, in frame order: it says this batch is stored. Its
+            # seq is the stream's contiguous prefix, which a line this reader skipped (a
+            # gap the server never fills) holds back for good.
             ack = Ack.model_validate_json(ws.recv(timeout=self.ack_timeout))
-            while self._inflight and self._inflight[0][0] <= ack.seq:
-                _, off, n = self._inflight.popleft()
-                self._acked_off = off
-                self._stats["sent"] += n
+            _, off, n = self._inflight.popleft()
+            self._acked_off = off
+            self._stats["sent"] += n
             self._acked_seq = max(self._acked_seq, ack.seq)
             self._stats["acked_seq"] = self._acked_seq
             return False

@@ -286,8 +286,16 @@ def _start_streamer(server: str, path: Path, run: str, rank: int) -> Streamer | 
         return None
     try:
         from gradwatch.stream import Streamer
+        from gradwatch.streamkey import key_file, new_key, own_key
 
-        s = Streamer(server, path, run, rank, token=os.environ.get("GRADWATCH_TOKEN"))
+        try:
+            key = own_key(path)
+        except OSError as e:  # the stream stays ours; only a later resume cannot prove it
+            key = new_key()
+            log.warning("gradwatch: cannot keep the stream key in %s (%s); `gradwatch replay "
+                        "--resume` will not be able to complete this run", key_file(path), e)
+        s = Streamer(server, path, run, rank, token=os.environ.get("GRADWATCH_TOKEN"),
+                     key=key)
         s.start()
         return s
     except Exception as e:  # noqa: BLE001 - streaming is optional; the log goes on

@@ -31,8 +31,10 @@ CREATE TABLE IF NOT EXISTS runs(
   world_size INTEGER NOT NULL DEFAULT 1, header TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS streams(
   rid INTEGER, rank INTEGER, max_seq INTEGER NOT NULL, ended TEXT,
-  dropped INTEGER NOT NULL DEFAULT 0, key TEXT, PRIMARY KEY(rid, rank)) WITHOUT ROWID;
--- streams.key: room for the hash of a stream's ownership key (issue 21).
+  dropped INTEGER NOT NULL DEFAULT 0, acked INTEGER, key_hash TEXT,
+  PRIMARY KEY(rid, rank)) WITHOUT ROWID;
+-- streams.acked: the contiguous prefix of stored seqs (NULL: as max_seq, what servers
+-- before it acked); key_hash: SHA-256 of the owner's stream key (NULL: a keyless stream).
 CREATE TABLE IF NOT EXISTS records(
   rid INTEGER, rank INTEGER, seq INTEGER, kind TEXT NOT NULL, body TEXT NOT NULL,
   PRIMARY KEY(rid, rank, seq)) WITHOUT ROWID;

@@ -49,6 +49,11 @@ class InvalidStream(Refused):
     """Records that break the stream rules: seq order, or a stream without its header."""
 
 
+class StreamOwned(Refused):
+    """Records, an End or a resume for a (run, rank) stream that another connection's key
+    owns, from a connection that did not present that key."""
+
+
 class RunLimitReached(Refused):
     """A new run while the server already holds as many as it may."""
 

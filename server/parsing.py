@@ -48,6 +48,10 @@ def parse_frame(text: str) -> Hello | Batch:
     except ValidationError as e:
         err = e.errors()[0]
         if err.get("type") == "json_invalid":
+            msg = str(err.get("ctx", {}).get("error", ""))
+            if msg.startswith("number out of range"):  # JSON, but an integer of 4300+ digits
+                raise InvalidFrame(f"invalid frame: {msg}: integers must fit in 64 "
+                                   f"bits") from None
             raise UnreadableFrame("frame is not JSON; send IngestBatch JSON text "
                                   "frames") from None
         loc = ".".join(str(x) for x in err.get("loc", ()))

@@ -44,6 +44,11 @@ class RunState:
     ranks: list[int] = field(default_factory=list)
     optimizers: list[str] = field(default_factory=list)
     max_seq: dict[int, int] = field(default_factory=dict)
+    """Per rank: the highest seq stored."""
+    acked: dict[int, int] = field(default_factory=dict)
+    """Per rank: the ack, every record up to it stored (:mod:`server.prefix`)."""
+    keys: dict[int, str] = field(default_factory=dict)
+    """Per rank: the hash of the key that owns the stream (:mod:`server.owners`)."""
     ended: dict[int, str] = field(default_factory=dict)
     dropped: dict[int, int] = field(default_factory=dict)
     finding_keys: set[tuple[int, str, str]] = field(default_factory=set)
@@ -121,9 +126,14 @@ def load_state(conn: sqlite3.Connection, run_id: str, keep_every: int = 1
         last = conn.execute("SELECT max(step) FROM steps WHERE sid=?", (sid,)).fetchone()[0]
         if last is not None:
             st.last_step[sid] = last
-    for rank, max_seq, ended, dropped in conn.execute(
-            "SELECT rank, max_seq, ended, dropped FROM streams WHERE rid=?", (rid,)):
+    for rank, max_seq, ended, dropped, acked, key_hash in conn.execute(
+            "SELECT rank, max_seq, ended, dropped, acked, key_hash FROM streams "
+            "WHERE rid=?", (rid,)):
         st.max_seq[rank] = max_seq
+        # No ack column before keys: those servers acked the highest seq; keep it.
+        st.acked[rank] = max_seq if acked is None else acked
+        if key_hash is not None:
+            st.keys[rank] = key_hash
         st.dropped[rank] = dropped
         if ended:
             st.ended[rank] = ended

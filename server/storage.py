@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gradwatch.frames import RunSummary
-from gradwatch.server import db
+from gradwatch.server import db, owners
 from gradwatch.server.batch import Batch, Entry, IngestResult, batch_of_records
 from gradwatch.server.errors import (
     InvalidStream,
@@ -159,13 +159,17 @@ class Store:
         self._states.move_to_end(run_id)
         return st
 
-    def ingest(self, batch: Batch, name: str | None = None) -> IngestResult:
+    def ingest(self, batch: Batch, name: str | None = None,
+               key: str | None = None) -> IngestResult:
         """Store one batch (whole or not at all) and report what changed.
 
         Args:
             name: the display name of a run this batch creates (default: the header's).
+            key: the stream key the sending connection presented (:mod:`server.owners`);
+                a batch that starts the stream makes it that key's.
         Raises:
             InvalidStream: the batch breaks the stream rules (nothing stored).
+            StreamOwned: another key owns the stream (nothing stored).
             RunLimitReached: the batch would create a run beyond ``max_runs``.
             StorageFailed: the disk refused the write (nothing of the batch stored;
                 everything stored before stays readable).
@@ -185,6 +189,7 @@ class Store:
                     raise InvalidStream("a header must have seq 0 and the batch's run and "
                                         "rank")
         st = self._state(batch.run)
+        owners.check(st, batch.rank, key)
         starts = bool(entries) and entries[0].kind == "header"
         if (st is None or batch.rank not in st.max_seq) and not starts:
             if not entries:
@@ -203,6 +208,7 @@ class Store:
                 assert header is not None  # a stream's first batch starts with it: above
                 st = self._create(header, name)
                 res.new_run = True
+            owners.claim(st, batch.rank, key)
             write_batch(self._conn, st, batch, res, self._resets)
             self._conn.execute("COMMIT")
         except BaseException as e:
@@ -213,7 +219,7 @@ class Store:
                                     f"nothing of it was stored: resend it once the "
                                     f"server's disk has room") from e
             raise
-        res.ack = st.max_seq.get(batch.rank, -1)
+        res.ack = st.acked.get(batch.rank, -1)
         res.summary = st.summary()
         return res
 
@@ -240,10 +246,15 @@ class Store:
         self._states[header.run] = st
         return st
 
-    def resume_seq(self, run_id: str, rank: int) -> int:
-        """Highest stored seq of a stream, -1 if none."""
+    def resume_seq(self, run_id: str, rank: int, key: str | None = None) -> int:
+        """The ack of a stream (every record up to it is stored), -1 if none.
+
+        Raises:
+            StreamOwned: another key owns the stream.
+        """
         st = self._state(run_id)
-        return -1 if st is None else st.max_seq.get(rank, -1)
+        owners.check(st, rank, key)
+        return -1 if st is None else st.acked.get(rank, -1)
 
     def mark_interrupted(self, run_id: str) -> RunSummary | None:
         """A live run whose stream dropped without End: mark it interrupted."""

@@ -14,6 +14,7 @@ import sqlite3
 from typing import Any
 
 from gradwatch.frames import OptimizerView
+from gradwatch.server import prefix
 from gradwatch.server.batch import Batch, Entry, IngestResult
 from gradwatch.server.rows import Row, must_keep
 from gradwatch.server.runstate import RunState
@@ -156,6 +157,8 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch, res: Inges
     res.stored = len(new)
     st.steps += len(step_rows)
     st.max_seq[rank] = top
+    st.acked[rank] = prefix.advance(conn, rid, rank, st.acked.get(rank, -1),
+                                    (e.seq for e in batch.entries), top)
     if new:
         st.updated = max(st.updated, max(e.t for e in new))
     st.status = st.final_status() or "live"
@@ -164,7 +167,9 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch, res: Inges
         "dropped=? WHERE rid=?",
         (st.status, st.updated, st.steps, len(st.finding_keys), json.dumps(sorted(st.ranks)),
          json.dumps(st.optimizers), sum(st.dropped.values()), rid))
-    conn.execute("INSERT INTO streams(rid, rank, max_seq, ended, dropped) VALUES(?,?,?,?,?) "
-                 "ON CONFLICT(rid, rank) DO UPDATE SET max_seq=excluded.max_seq, "
-                 "ended=excluded.ended, dropped=excluded.dropped",
-                 (rid, rank, top, st.ended.get(rank), st.dropped.get(rank, 0)))
+    conn.execute("INSERT INTO streams(rid, rank, max_seq, ended, dropped, acked, key_hash) "
+                 "VALUES(?,?,?,?,?,?,?) ON CONFLICT(rid, rank) DO UPDATE SET "
+                 "max_seq=excluded.max_seq, ended=excluded.ended, dropped=excluded.dropped, "
+                 "acked=excluded.acked, key_hash=excluded.key_hash",
+                 (rid, rank, top, st.ended.get(rank), st.dropped.get(rank, 0), st.acked[rank],
+                  st.keys.get(rank)))

@@ -16,6 +16,7 @@ from gradwatch.server.errors import (
     SlowReader,
     StorageFailed,
     StoreBusy,
+    StreamOwned,
     TooManyConnections,
     TooManyFrames,
     UnreadableFrame,
@@ -28,6 +29,7 @@ POLICY = 1008
 TOO_BIG = 1009
 TRY_LATER = 1013
 NO_RUN = 4404
+NOT_OWNER = 4403
 
 _CODES: dict[type[Refused], int] = {
     IdleConnection: GOING_AWAY,
@@ -41,6 +43,7 @@ _CODES: dict[type[Refused], int] = {
     SlowReader: TRY_LATER,
     StoreBusy: TRY_LATER,
     StorageFailed: TRY_LATER,
+    StreamOwned: NOT_OWNER,
 }
 
 

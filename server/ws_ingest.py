@@ -2,7 +2,9 @@
 
 Pipelined: frame k+1 is read and validated while frame k is being stored; acks go out in
 frame order. The first refused frame closes the connection (code from
-:mod:`server.ws_close`) after the valid frames before it are stored and acked.
+:mod:`server.ws_close`) after the valid frames before it are stored and acked. The key of
+a connection's last ``hello`` per (run, rank) goes with each of its batches to storage,
+which refuses a keyed stream's batch without it (:mod:`server.owners`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from fastapi import WebSocket, WebSocketDisconnect
 
@@ -49,7 +51,9 @@ class IngestSession:
         self.pending: asyncio.Queue[_Resuming | _Storing | None] = asyncio.Queue(
             self.PIPELINE)
         self.sending_to: set[str] = set()
-        """Runs this connection has sent batches to."""
+        """Runs this connection has stored batches in."""
+        self.keys: dict[tuple[str, int], str | None] = {}
+        """The key each (run, rank) hello of this connection carried (the last one)."""
 
     async def run(self) -> None:
         """Serve the connection until the client leaves or a frame is refused."""
@@ -70,6 +74,10 @@ class IngestSession:
                 with contextlib.suppress(Exception):
                     await within(self.ws.close(code, short(err.reason)), 1.0)
         finally:
+            while not self.pending.empty():  # frames after a refused one: never acked
+                job = self.pending.get_nowait()
+                if job is not None:
+                    _forget(job.seq if isinstance(job, _Resuming) else job.result)
             for run in self.sending_to:
                 self.runs.streams.disconnect(run)
 
@@ -94,14 +102,13 @@ class IngestSession:
                 frame = await self.runs.parser.parse(text)
                 job: _Resuming | _Storing
                 if isinstance(frame, Hello):
+                    self.keys[frame.run, frame.rank] = frame.key
                     job = _Resuming(frame, asyncio.wrap_future(
-                        store.submit(store.resume_seq, frame.run, frame.rank)))
+                        store.submit(store.resume_seq, frame.run, frame.rank, frame.key)))
                 else:
-                    if frame.run not in self.sending_to:
-                        self.sending_to.add(frame.run)
-                        self.runs.streams.connect(frame.run)
-                    job = _Storing(frame, asyncio.wrap_future(store.submit(store.ingest,
-                                                                           frame)))
+                    key = self.keys.get((frame.run, frame.rank))
+                    job = _Storing(frame, asyncio.wrap_future(
+                        store.submit(store.ingest, frame, None, key)))
                 await self.pending.put(job)
         except Refused as e:
             return e
@@ -120,6 +127,9 @@ class IngestSession:
                     text = Resume(run=h.run, rank=h.rank, seq=await job.seq).model_dump_json()
                 else:
                     res = await job.result
+                    if res.run not in self.sending_to:  # stored: this connection feeds it
+                        self.sending_to.add(res.run)
+                        self.runs.streams.connect(res.run)
                     self.runs.publish(res)
                     text = Ack(run=res.run, rank=res.rank, seq=res.ack).model_dump_json()
             except Refused as e:
@@ -131,6 +141,11 @@ class IngestSession:
                 return SlowReader(f"acks not read for {timeout:g} s: closed")
             except (WebSocketDisconnect, RuntimeError):
                 return None
+
+
+def _forget(fut: asyncio.Future[Any]) -> None:
+    """Drop a stored (or refused) frame's outcome without asyncio logging it as lost."""
+    fut.add_done_callback(lambda f: None if f.cancelled() else f.exception())
 
 
 async def _quiet(task: asyncio.Task[T]) -> T | None:

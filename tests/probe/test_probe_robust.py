@@ -13,6 +13,7 @@ import torch
 import gradwatch
 from gradwatch.probe.ledger import Ledger
 from gradwatch.steplog import read_log
+from gradwatch.streamkey import read_key
 from gradwatch.wire import Stats, Step
 from tests.probe.probe_helpers import loss_of, mlp
 
@@ -154,11 +155,13 @@ def test_streamer_gets_notified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     import types
 
     events: list[str] = []
+    keys: list[str | None] = []
 
     class FakeStreamer:
         def __init__(self, url: str, spool: Path, run: str, rank: int,
-                     token: str | None = None) -> None:
+                     token: str | None = None, key: str | None = None) -> None:
             events.append(f"init {url} {Path(spool).name} {run} {rank} {token}")
+            keys.append(key)
 
         def start(self) -> None:
             events.append("start")
@@ -183,6 +186,7 @@ def test_streamer_gets_notified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert events[0] == "init ws://x s.jsonl rr 0 tok" and events[1] == "start"
     assert "notify" in events and events[-1] == "close"
     assert read_log(tmp_path / "s.jsonl").records[-1].dropped == 2
+    assert keys == [read_key(tmp_path / "s.jsonl")] and keys[0]  # the log's stream key
 
 
 def test_full_queue_drops_and_counts(tmp_path: Path) -> None:

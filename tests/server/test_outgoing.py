@@ -72,6 +72,7 @@ def test_every_refusal_has_a_close_code_and_storage_refusals_an_http_status() ->
     codes = {c: ws_close.close_code(c("why")) for c in refusals}
     assert codes == {errors.UnreadableFrame: 1003, errors.InvalidFrame: 1007,
                      errors.InvalidStream: 1007, errors.RunLimitReached: 1008,
+                     errors.StreamOwned: 4403,
                      errors.FrameTooBig: 1009, errors.TooManyFrames: 1013,
                      errors.StoreBusy: 1013, errors.TooManyConnections: 1013,
                      errors.IdleConnection: 1001, errors.SlowReader: 1013,

@@ -38,10 +38,12 @@ def store(tmp_path: Path):
 def test_a_step_resent_under_new_seqs_is_one_step(store: Store, tmp_path: Path) -> None:
     recs = synth.records(steps=30, end=False)
     store.call(store.ingest, batch(recs))
-    # The same steps again, with other norms, under seq numbers past the stream's.
-    again = [r.model_copy(update={"seq": r.seq + 100, "norm": 99.0}) for r in recs[2:12]]
+    # The same steps again, with other norms, under the stream's next seq numbers.
+    top = recs[-1].seq
+    again = [r.model_copy(update={"seq": top + 1 + k, "norm": 99.0})
+             for k, r in enumerate(recs[2:12])]
     res = store.call(store.ingest, batch(again))
-    assert res.rows == [] and res.ack == 111
+    assert res.rows == [] and res.ack == top + 10
     r = Reader(tmp_path)
     assert r.summary("run1").steps == 30  # type: ignore[union-attr]
     got = r.steps("run1", max_points=1000)
