@@ -232,13 +232,22 @@ class Step(_Record):
     param_fresh_norms: list[Norm] | None = Field(default=None, max_length=100_000)
     sites: StepSites | None = None
     """Where its finding facts come from (None on a step without one)."""
+    loss: float | None = None
+    """Sum of the values of the roots passed to ``backward()`` by the backwards this step
+    read (``len(backwards)`` of them), as the user passed them (divided by an accumulation
+    count if the user divides); a root made by ``GradScaler.scale`` is read before scaling.
+    None when no such backward had a scalar floating-point root the probe could read (NaN
+    and infinities are data)."""
+    lr: list[float] | None = Field(default=None, max_length=10_000)
+    """Each parameter group's learning rate when the step ran (None: not a number the probe
+    could read without a device sync)."""
 
-    @field_validator("norm", "fresh_norm", "drift", mode="before")
+    @field_validator("norm", "fresh_norm", "drift", "loss", mode="before")
     @classmethod
     def _nonfinite_from_strings(cls, v: Any) -> Any:
         return _parse_nonfinite(v)
 
-    @field_validator("param_norms", "param_fresh_norms", mode="before")
+    @field_validator("param_norms", "param_fresh_norms", "lr", mode="before")
     @classmethod
     def _nonfinite_list(cls, v: Any) -> Any:
         if isinstance(v, list):
@@ -298,6 +307,29 @@ class Holding(_Record):
     gradient at any step checked."""
 
 
+class Scalars(_Record):
+    """Values the user logged on the run's step axis (``handle.log(accuracy=0.9)``)."""
+
+    type: Literal["scalars"] = "scalars"
+    step: StepNumber
+    """The step they belong to (the latest step of the run when the user named none)."""
+    opt: str | None = Field(default=None, max_length=200)
+    """The optimizer whose step counter ``step`` is (None: the run's first optimizer)."""
+    values: dict[str, float] = Field(max_length=256)
+    """Name -> value; NaN and infinities are data."""
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _nonfinite_values(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for k in v:
+                if not isinstance(k, str) or not 0 < len(k) <= 200:
+                    raise ValueError("a scalar's name must be a string of 1 to 200 "
+                                     "characters")
+            return {k: _parse_nonfinite(x) for k, x in v.items()}
+        return v
+
+
 class Stats(_Record):
     """Probe health: records it had to drop and why. Sent periodically and at close."""
 
@@ -321,7 +353,8 @@ class End(_Record):
     dropped: NonNegInt = 0
 
 
-AnyRecord = Header | OptimizerInfo | Site | Step | Stats | End | Unowned | Holding
+AnyRecord = (Header | OptimizerInfo | Site | Step | Stats | End | Unowned | Holding
+             | Scalars)
 """Any record model (the plain union, for type hints)."""
 Record = Annotated[AnyRecord, Field(discriminator="type")]
 """Any record of a step log or stream, told apart by its ``type`` (for validation)."""

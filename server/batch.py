@@ -29,7 +29,8 @@ from gradwatch.wire import (
 )
 
 RecordModel = AnyRecord
-RecordKind = Literal["header", "optimizer", "site", "step", "stats", "end", "unowned", "holding"]
+RecordKind = Literal["header", "optimizer", "site", "step", "stats", "end", "unowned", "holding",
+                     "scalars"]
 
 
 class Entry:
