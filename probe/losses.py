@@ -144,6 +144,41 @@ class Roots:
                     "no loss from now on", exc_info=True)
 
 
+class LoggedScalars(NamedTuple):
+    """Values the user logged (``WatchHandle.log``), handed to the writer thread, which reads
+    them (a CUDA tensor's once its copy landed) into a :class:`~gradwatch.wire.Scalars`."""
+
+    t: float
+    step: int
+    opt: str | None
+    values: dict[str, Value]
+
+
+def scalar_value(name: str, x: Any) -> Value:
+    """One value given to ``WatchHandle.log``: a number, or a tensor of one number (a CUDA
+    one read later, without a sync).
+
+    Raises:
+        TypeError: not a real number (a string, a bool, a tensor of several numbers).
+    """
+    if isinstance(x, bool) or not isinstance(x, (int, float, torch.Tensor)) and not (
+            hasattr(x, "__float__") and hasattr(x, "dtype")):  # numpy scalars
+        raise TypeError(f"handle.log({name}=...) takes a number (int, float, or a tensor of "
+                        f"one number); got {type(x).__name__}.")
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1 or x.is_complex() or x.dtype == torch.bool:
+            raise TypeError(f"handle.log({name}=...) takes a tensor of one real number; got "
+                            f"a {x.dtype} tensor of shape {tuple(x.shape)}.")
+        v = capture(x if x.is_floating_point() else x.double())
+        if v is None:  # on a device whose values we do not copy asynchronously
+            v = float(x.detach().cpu().item())
+        return v
+    try:
+        return float(x)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise TypeError(f"handle.log({name}=...) takes a real number; got {x!r}.") from e
+
+
 def learning_rates(opt: Any) -> list[float] | None:
     """Each param group's ``lr`` as a float, or None when one is missing or is a tensor
     that is not on the CPU (reading it would sync with the device); never raises."""

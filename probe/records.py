@@ -36,8 +36,8 @@ from gradwatch.probe.facts import (
     as_left,
     param_indices,
 )
-from gradwatch.probe.losses import Value
-from gradwatch.wire import Reset, Step, StepSites, trusted
+from gradwatch.probe.losses import LoggedScalars, Value
+from gradwatch.wire import Reset, Scalars, Step, StepSites, trusted
 
 log = logging.getLogger("gradwatch.probe")
 
@@ -93,7 +93,7 @@ class Lookup:
         return ordered[bisect_left(ordered, 0):]  # without the backward markers
 
 
-Item = StepFacts | BaseModel
+Item = StepFacts | BaseModel | LoggedScalars
 """What the writer is handed: step facts, or a wire record made already."""
 
 
@@ -114,6 +114,10 @@ class StepRecords:
                                item.resets, self._lookup(item.opt, item.index), item.losses,
                                item.late, item.discarded_params, item.sites,
                                loss_of(item.roots), item.lr)
+        if isinstance(item, LoggedScalars):
+            return trusted(Scalars, {"seq": seq, "t": item.t, "type": "scalars",
+                                     "step": item.step, "opt": item.opt,
+                                     "values": {k: _read(v) for k, v in item.values.items()}})
         item.seq = seq  # type: ignore[attr-defined]
         return item
 
@@ -186,15 +190,19 @@ def loss_of(roots: list[Value] | None) -> float | None:
     total = 0.0
     try:
         for v in roots:
-            if type(v) is float:
-                total += v
-            else:
-                v.event.synchronize()
-                total += float(v.host.item())
+            total += _read(v)
     except Exception:  # noqa: BLE001 - a value that cannot be read: unknown, not an error
         log.debug("cannot read a loss value", exc_info=True)
         return None
     return total
+
+
+def _read(v: Value) -> float:
+    """A value on the host: as it is, or once its device copy's event completed."""
+    if type(v) is float:
+        return v
+    v.event.synchronize()  # type: ignore[union-attr]
+    return float(v.host.item())  # type: ignore[union-attr]
 
 
 def host_norms(sample: NormSample | list[float]

@@ -78,7 +78,7 @@ class Tracker:
     __slots__ = ("on", "backwards", "ledgers", "marks", "by_param", "handles", "own_hooks",
                  "post_hooked", "unhooked", "emit", "norms_every", "namer", "auto",
                  "on_disable", "disabled", "steps", "_names_taken", "labeler", "labels",
-                 "sites", "shared", "unowned", "holdings", "roots")
+                 "sites", "shared", "unowned", "holdings", "roots", "last_step")
 
     def __init__(self, emit: Emit, *, norms_every: int = 1, namer: Namer | None = None,
                  auto: bool = False, on_disable: Callable[[str], None] | None = None,
@@ -117,6 +117,8 @@ class Tracker:
         self.holdings = Holdings(self.emit)
         self.roots = Roots()
         """The loss of each step: what its backwards started from."""
+        self.last_step: tuple[str, int] | None = None
+        """``(optimizer, step)`` of the run's latest step (``WatchHandle.log``'s default)."""
 
     # ---------------------------------------------------------------- attach
     def attach(self, opt: torch.optim.Optimizer, name: str | None = None,
@@ -311,6 +313,7 @@ class Tracker:
             facts.roots = self.roots.take((-facts.hits[0],))
         if opt is not None:
             facts.lr = learning_rates(opt)
+        self.last_step = (facts.opt, facts.step)
         self.emit(facts)
         self.steps += 1
         if self.holdings.pending:  # idle_optimizer: checked at steps 0, 1, 2, 4, 8, ...
