@@ -34,7 +34,7 @@ CREATE TABLE IF NOT EXISTS records(
 CREATE TABLE IF NOT EXISTS steps(
   rid INTEGER, rank INTEGER, opt TEXT, step INTEGER, seq INTEGER, t REAL,
   norm REAL, fresh_norm REAL, drift REAL, nan INTEGER, stale INTEGER, leaked INTEGER,
-  late INTEGER, discarded INTEGER, skipped INTEGER, resets TEXT,
+  late INTEGER, discarded INTEGER, skipped INTEGER, resets TEXT, loss REAL, lr TEXT,
   PRIMARY KEY(rid, rank, opt, step)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS series(
   rid INTEGER, rank INTEGER, opt TEXT, next_chunk INTEGER NOT NULL DEFAULT 0,
@@ -79,8 +79,21 @@ def connect(data_dir: Path, readonly: bool = False) -> sqlite3.Connection:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(SCHEMA)
+        _add_step_columns(conn)
     conn.execute("PRAGMA cache_size=-65536")
     return conn
+
+
+STEP_COLUMNS_ADDED = (("loss", "REAL"), ("lr", "TEXT"))
+"""Columns of ``steps`` added after the table was first shipped (a step's loss, and its
+param groups' learning rates as a JSON list): added to an older file when it is opened."""
+
+
+def _add_step_columns(conn: sqlite3.Connection) -> None:
+    have = {row[1] for row in conn.execute("PRAGMA table_info(steps)")}
+    for name, kind in STEP_COLUMNS_ADDED:
+        if name not in have:
+            conn.execute(f"ALTER TABLE steps ADD COLUMN {name} {kind}")
 
 
 def summaries_outdated(conn: sqlite3.Connection) -> bool:

@@ -18,12 +18,13 @@ from gradwatch.server.rows import KEEP_NONFINITE, Row
 from gradwatch.verdict import FINDING_FACTS
 
 # SQLite stores NaN as NULL: a bit per norm column says "this NULL was a NaN".
-NAN_BITS = {"norm": 1, "fresh_norm": 2, "drift": 4}
+NAN_BITS = {"norm": 1, "fresh_norm": 2, "drift": 4, "loss": 8}
 _NORM, _FRESH, _DRIFT = NAN_BITS["norm"], NAN_BITS["fresh_norm"], NAN_BITS["drift"]
+_LOSS = NAN_BITS["loss"]
 _NAN = float("nan")
 
 STEP_SELECT = ("SELECT rank, opt, step, t, norm, fresh_norm, drift, nan, stale, leaked, "
-               "late, discarded, skipped, resets FROM steps ")
+               "late, discarded, skipped, resets, loss, lr FROM steps ")
 """Reads rows for :func:`to_row`; append the WHERE clause."""
 
 FACTS_SQL = "(" + " OR ".join(f"{c} > 0" for c in FINDING_FACTS) + ")"
@@ -38,10 +39,11 @@ MUST_KEEP_SQL = "(" + " OR ".join(
 def step_values(rid: int, seq: int, r: Row) -> tuple[Any, ...]:
     """The ``steps`` table values of one row, in column order."""
     nan = ((r.norm != r.norm) * _NORM | (r.fresh_norm != r.fresh_norm) * _FRESH
-           | (r.drift != r.drift) * _DRIFT)
+           | (r.drift != r.drift) * _DRIFT | (r.loss != r.loss) * _LOSS)
     resets = ";".join([f"{how}:{n}" for how, n in r.resets]) or None
+    lr = None if r.lr is None else json.dumps(r.lr, separators=(",", ":"))
     return (rid, r.rank, r.opt, r.step, seq, r.t, r.norm, r.fresh_norm, r.drift, nan,
-            r.stale, r.leaked, r.late, r.discarded, int(r.skipped), resets)
+            r.stale, r.leaked, r.late, r.discarded, int(r.skipped), resets, r.loss, lr)
 
 
 def to_row(t: tuple[Any, ...]) -> Row:
@@ -52,7 +54,8 @@ def to_row(t: tuple[Any, ...]) -> Row:
                _NAN if nan & _FRESH else t[5],
                _NAN if nan & _DRIFT else t[6],
                t[8], t[9], t[10], t[11], bool(t[12]),
-               resets_of(t[13]))
+               resets_of(t[13]), _NAN if nan & _LOSS else t[14],
+               None if t[15] is None else tuple(json.loads(t[15])))
 
 
 def resets_of(text: str | None) -> tuple[tuple[str, int], ...]:

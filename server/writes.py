@@ -18,10 +18,12 @@ from gradwatch.server.batch import Batch, Entry, IngestResult
 from gradwatch.server.rows import Row
 from gradwatch.server.runstate import RunState
 from gradwatch.server.steptable import step_values
-from gradwatch.wire import End, Header, OptimizerInfo, Stats
+from gradwatch.wire import End, Header, OptimizerInfo, Scalars, Stats
 
 _INSERT_RECORD = "INSERT OR IGNORE INTO records(rid, rank, seq, kind, body) VALUES(?,?,?,?,?)"
-_INSERT_STEP = "INSERT OR REPLACE INTO steps VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_INSERT_STEP = ("INSERT OR REPLACE INTO steps(rid, rank, opt, step, seq, t, norm, fresh_norm, "
+                "drift, nan, stale, leaked, late, discarded, skipped, resets, loss, lr) "
+                "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
 
 
 def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch,
@@ -63,6 +65,8 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch,
             res.optimizers.append(OptimizerView(rank=rank, opt=r.opt, cls=r.cls,
                                                 params=r.params, shapes=r.shapes,
                                                 groups=r.groups, label=r.label))
+        elif isinstance(r, Scalars):
+            res.scalars.extend((rank, r.opt, r.step, k, v) for k, v in r.values.items())
         elif isinstance(r, (Stats, End)):
             st.dropped[rank] = max(st.dropped.get(rank, 0), r.dropped)
             if isinstance(r, End):
