@@ -305,7 +305,7 @@ class Tracker:
             self.fail(e)
 
     def _emit_step(self, facts: StepFacts, opt: Any = None) -> None:
-        if type(facts) is JudgedStep:
+        if isinstance(facts, JudgedStep):
             if facts.sites is not None:
                 facts.sites.step = self.sites.here("step")
             facts.roots = self.roots.take(facts.tally.bws)

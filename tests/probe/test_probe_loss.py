@@ -92,7 +92,7 @@ def test_each_optimizer_gets_the_loss_of_its_own_backward(tmp_path: Path) -> Non
     d_opt = torch.optim.SGD(d.parameters(), lr=0.05)
     want: dict[str, list[float]] = {"G": [], "D": []}
     with gradwatch.watch([g_opt, d_opt], names=["G", "D"], log=tmp_path / "a.jsonl"):
-        for i in range(3):
+        for _ in range(3):
             x = torch.randn(8, 4)
             d_opt.zero_grad()
             d_loss = d(g(x).detach()).mean()
@@ -114,7 +114,7 @@ def test_non_scalar_roots_leave_the_loss_unknown_and_training_goes_on(tmp_path: 
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with gradwatch.watch(opt, log=tmp_path / "a.jsonl") as h:
-        for i in range(2):
+        for _ in range(2):
             opt.zero_grad()
             out = model(torch.randn(4, 4))
             out.backward(torch.ones_like(out))  # a tensor root: no loss to speak of
