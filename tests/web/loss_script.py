@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import torch
 
@@ -46,6 +47,13 @@ def main() -> None:
                 handle.log(acc=acc)
                 want["acc_step"].append(step)
                 want["acc"].append(acc)
+        # A busy machine: let the server take every record before the probe closes (its
+        # close waits a few seconds only; what it cannot send stays in the spool).
+        handle.writer.settle()
+        deadline = time.monotonic() + 60
+        while (handle.streamer is not None and time.monotonic() < deadline
+               and handle.streamer.stats()["acked_seq"] < handle.writer.written - 1):
+            time.sleep(0.05)
     with open(want_path, "w") as f:
         json.dump(want, f)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,8 @@ async def test_the_loss_of_a_zero_code_run_is_drawn_beside_the_drift(
     r = await asyncio.to_thread(
         subprocess.run, [sys.executable, str(Path(__file__).with_name("loss_script.py")),
                          server.ws, str(want_path)],
-        capture_output=True, text=True, timeout=180)
+        capture_output=True, text=True, timeout=180,
+        env={**os.environ, "GRADWATCH_SPOOL_DIR": str(tmp_path / "spool")})
     assert r.returncode == 0, r.stdout + r.stderr
     want = json.loads(want_path.read_text())
 

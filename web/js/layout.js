@@ -62,6 +62,7 @@ function base(logScale, below, margin, shown = null) {
   };
   const domains = panelDomains(below, shown);
   PANELS.forEach((p, i) => {
+    if (!domains[i] && !p.traces.length) return; // hidden, and no trace refers to it
     layout[axisKey(i)] = {
       ...axis, domain: domains[i] || [0, 0.001], type: logScale ? "log" : "linear",
       fixedrange: true, exponentformat: "power",

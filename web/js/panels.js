@@ -164,7 +164,8 @@ export function applyFit(layout, fits) {
 export function fitUpdate(layout, fits) {
   const update = {};
   for (const [key, r] of fits) {
-    const ax = layout[key] || {};
+    if (!layout[key]) continue; // a panel the figure does not draw
+    const ax = layout[key];
     if (r === null) {
       if (!ax.autorange) update[`${key}.autorange`] = true;
     } else if (ax.autorange || !ax.range || Math.abs(ax.range[0] - r[0]) > 1e-9 * (1 + Math.abs(r[0])) ||
