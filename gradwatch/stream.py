@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import random
+import socket
 import threading
 import time
 from collections import deque

@@ -118,9 +118,9 @@ async def test_a_reset_kind_has_one_name_everywhere(server: ServerProc, page: Pa
     assert (await page.locator("#readout").text_content()).endswith("· opt.zero_grad()")
     # Each label fits its margin: none is cut off by the plot's left edge.
     strip = await page.evaluate(STRIP_ID)  # the axis under every panel: "y6"
-    labels = await page.evaluate("""Array.from(document.querySelectorAll(
-      '#chart .yaxislayer-above .%stick text')).map(t => t.getBoundingClientRect().left -
-      document.getElementById('chart').getBoundingClientRect().left)""" % strip)
+    labels = await page.evaluate(f"""Array.from(document.querySelectorAll(
+      '#chart .yaxislayer-above .{strip}tick text')).map(t => t.getBoundingClientRect().left -
+      document.getElementById('chart').getBoundingClientRect().left)""")
     assert len(labels) == 2 and min(labels) >= 0
     text = await page.evaluate("document.body.innerText")
     assert "optimizer_zero_grad" not in text

@@ -15,8 +15,8 @@ import pytest
 from tests.serverproc import ServerProc
 
 from .conftest import Page
-from .dash import ingest, optimizer, plotted, steps, wait_for
 from .dash import header as run_header
+from .dash import ingest, optimizer, plotted, steps, wait_for
 
 pytestmark = pytest.mark.browser
 
