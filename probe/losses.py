@@ -8,8 +8,8 @@ backwards the step read (its ``backwards``): as the user passed them, so divided
 accumulation count where the user divides. A root that ``GradScaler.scale`` made is read
 before scaling (the wrapper of ``scale`` in :mod:`gradwatch.probe.patches` tags its output
 with its input). A root that is not one floating-point number (``out.backward(grad)`` on a
-tensor, a graph edge), or on a device other than the CPU or CUDA, leaves its step's loss
-unknown (None) rather than partial.
+tensor, a graph edge), a tensor subclass (DTensor), or on a device other than the CPU or
+CUDA, leaves its step's loss unknown (None) rather than partial.
 
 Reading a CUDA value on the training thread would wait for the device (a sync per
 backward), so a CUDA root is copied, asynchronously, into pinned host memory on its stream,
@@ -73,14 +73,16 @@ def capture(t: Any) -> Value | None:
 def capture_roots(tensors: Any) -> list[Value] | None:
     """The values of what was passed to ``torch.autograd.backward`` as ``tensors`` (a tensor
     or a sequence of them); None when one of them has no value to read."""
-    if isinstance(tensors, torch.Tensor):
+    if type(tensors) is torch.Tensor:
         v = capture(tensors)
         return None if v is None else [v]
     if not isinstance(tensors, (list, tuple)) or not tensors:
         return None
     out: list[Value] = []
     for t in tensors:
-        if not isinstance(t, torch.Tensor):
+        # a plain tensor only: reading a subclass (DTensor, a fake or functional tensor) may
+        # run code of its own, a collective even
+        if type(t) is not torch.Tensor:
             return None
         v = capture(t)
         if v is None:
