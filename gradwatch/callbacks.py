@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +89,22 @@ class CallbackSession:
             log.info("gradwatch: %d optimizer steps, no gradient-reset bug found%s",
                      handle.tracker.steps, where)
 
+    def forward(self, values: Mapping[str, Any]) -> None:
+        """Put what the user logged to the framework on the run's step axis
+        (:meth:`WatchHandle.log <gradwatch.probe.api.WatchHandle.log>`, at the latest step):
+        numbers and one-number tensors (read without a device sync); anything else, and this
+        callback's own ``gradwatch/`` figures, is left out. Never raises."""
+        handle = self.handle
+        if handle is None or not values:
+            return
+        try:
+            picked = {str(k)[:200]: v for k, v in values.items()
+                      if not str(k).startswith(PREFIX) and _is_number(v)}
+            if picked:
+                handle.log(**dict(list(picked.items())[:256]))
+        except Exception:  # noqa: BLE001 - a metric we cannot read must not stop training
+            log.debug("gradwatch: could not forward logged metrics", exc_info=True)
+
     def metrics(self) -> dict[str, float]:
         """The figures of each optimizer's latest written step not handed over yet:
         ``gradwatch/drift``, ``gradwatch/norm``, ``gradwatch/fresh_norm`` (one optimizer)
@@ -116,6 +132,20 @@ class CallbackSession:
         if findings >= 0:
             out[f"{PREFIX}findings"] = float(findings)
         return out
+
+
+def _is_number(v: Any) -> bool:
+    """A real number, or a tensor of one (torch imported only if the value is a tensor)."""
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, (int, float)):
+        return True
+    if type(v).__module__.startswith("torch"):
+        import torch
+
+        return (isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_complex()
+                and v.dtype != torch.bool)
+    return False
 
 
 class HasSession:

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gradwatch.cliargs import CommandParser
+from gradwatch.cliargs import CommandParser, quiet_print, summary
 from gradwatch.steplog import LogReader, StepLogError, open_run
 from gradwatch.verdict import Verdict, stream_name, verdict_of_logs
 from gradwatch.wire import Finding
@@ -26,7 +26,7 @@ FORMATS = ("text", "json", "sarif")
 
 
 def _parse(argv: Sequence[str]) -> tuple[list[str], str]:
-    parser = CommandParser(prog="gradwatch check", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="gradwatch check", description=summary(__doc__))
     parser.add_argument("logs", nargs="+", metavar="LOG",
                         help="step logs written by gradwatch (one run's ranks together)")
     parser.add_argument("--format", choices=FORMATS, default=None,
@@ -58,14 +58,15 @@ def main(argv: Sequence[str]) -> int:
     findings = j.findings()
     nothing = j.nothing_judged()
     if fmt == "json":
-        print(json.dumps({"findings": [f.model_dump(mode="json") for f in findings],
-                          "summary": j.summary()}, indent=2))
+        text = json.dumps({"findings": [f.model_dump(mode="json") for f in findings],
+                           "summary": j.summary()}, indent=2)
     elif fmt == "sarif":
         from gradwatch.sarif import sarif_log
 
-        print(json.dumps(sarif_log(findings, logs, paths, nothing), indent=2))
+        text = json.dumps(sarif_log(findings, logs, paths, nothing), indent=2)
     else:
-        print("\n".join(_text(paths, logs, j, findings)))
+        text = "\n".join(_text(paths, logs, j, findings))
+    quiet_print(text)
     if nothing:
         print(f"gradwatch check: nothing judged: {nothing}", file=sys.stderr)
         return 3

@@ -8,6 +8,7 @@ missing (:data:`NEEDS`) prints one line saying what to install and exits 2.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -60,7 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as e:  # a broken install: say which import failed, in one line
         print(f"gradwatch {name}: cannot load {module_name}: {e}", file=sys.stderr)
         return 2
-    rc: int = module.main(args[1:])
+    try:
+        rc: int = module.main(args[1:])
+    except BrokenPipeError:  # the reader of our output went away (`| head`): end quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, as a shell reports a command a pipe ended
     return rc
 
 

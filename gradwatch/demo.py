@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gradwatch.cliargs import CommandParser
+from gradwatch.cliargs import CommandParser, summary
 
 log = logging.getLogger("gradwatch.demo")
 
@@ -56,10 +56,14 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0
 
 
 def start_server(host: str, port: int, data: Path) -> subprocess.Popen[bytes]:
-    """Start ``gradwatch serve`` as a child process and wait until it is healthy."""
+    """Start ``gradwatch serve`` as a child process and wait until it is healthy.
+
+    The child runs in a session of its own: Ctrl-C reaches the demo alone, which stops the
+    server itself (one line on the terminal, not one per process), and it logs warnings
+    only, so the demo's lines stay readable."""
     cmd = [sys.executable, "-m", "gradwatch.cli", "serve", "--host", host, "--port",
-           str(port), "--data", str(data)]
-    proc = subprocess.Popen(cmd)
+           str(port), "--data", str(data), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
     try:
         _wait_healthy(f"http://{host}:{port}", proc)
     except BaseException:
@@ -144,12 +148,14 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = CommandParser(prog="gradwatch demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADWATCH_PORT", 8765)))
+    parser = CommandParser(prog="gradwatch demo", description=summary(__doc__))
+    parser.add_argument("--host", default="127.0.0.1", help="address the server binds")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADWATCH_PORT", 8765)),
+                        help="the server's port (or GRADWATCH_PORT)")
     parser.add_argument("--data", type=Path, default=Path(os.environ.get(
         "GRADWATCH_DATA", "gradwatch-data")), help="data directory (SQLite)")
-    parser.add_argument("--steps-per-phase", type=int, default=150)
+    parser.add_argument("--steps-per-phase", type=int, default=150,
+                        help="optimizer steps in each of the four phases")
     parser.add_argument("--pace", type=float, default=0.04,
                         help="seconds to sleep after each step, so the charts move visibly")
     parser.add_argument("--once", action="store_true",
@@ -185,7 +191,7 @@ def main(argv: Sequence[str]) -> int:
             time.sleep(0.5)
         return proc.returncode or 0
     except KeyboardInterrupt:
-        print("\ndemo: stopping", flush=True)
+        print("\ndemo: stopped", flush=True)
         return 0
     finally:
         with contextlib.suppress(KeyboardInterrupt):

@@ -127,9 +127,26 @@ class StepSeries(_Frame):
     discarded: list[int] = Field(default_factory=list)
     skipped: list[bool] = Field(default_factory=list)
     resets: list[list[ResetCount]] = Field(default_factory=list)
+    loss: list[float | None] = Field(default_factory=list)
+    """Each step's loss (``Step.loss``): None where unknown."""
+    lr: list[list[float] | None] = Field(default_factory=list)
+    """Each step's learning rate per param group (``Step.lr``): None where unknown."""
     bucket: int = 1
     downsampled: bool = False
     total: int = 0
+
+
+class ScalarSeries(_Frame):
+    """Values the user logged (``Scalars`` records), one entry per value, in the order they
+    were stored (``GET .../scalars``, live ``scalars`` frames)."""
+
+    rank: list[int] = Field(default_factory=list)
+    opt: list[str | None] = Field(default_factory=list)
+    step: list[int] = Field(default_factory=list)
+    name: list[str] = Field(default_factory=list)
+    value: list[float] = Field(default_factory=list)
+    total: int = 0
+    """Values stored (more than listed when the answer was cut at its limit)."""
 
 
 class ParamSeries(_Frame):
@@ -179,6 +196,13 @@ class StepsFrame(_Frame):
     decimated: bool = False
 
 
+class ScalarsFrame(_Frame):
+    """Live: values the user logged, new to the server."""
+    type: Literal["scalars"] = "scalars"
+    run: str
+    scalars: ScalarSeries
+
+
 class FindingsFrame(_Frame):
     """Live: the full current list of findings of a run."""
     type: Literal["findings"] = "findings"
@@ -194,7 +218,8 @@ class OptimizerFrame(_Frame):
 
 
 LIVE_FRAMES: tuple[type[_Frame], ...] = (RunsFrame, RunFrame, DeletedFrame, SnapshotFrame,
-                                         StepsFrame, FindingsFrame, OptimizerFrame)
+                                         StepsFrame, FindingsFrame, OptimizerFrame,
+                                         ScalarsFrame)
 INGEST_FRAMES: tuple[type[_Frame], ...] = (Hello, Ack, Resume)
 
 
@@ -237,5 +262,6 @@ def json_schema() -> dict[str, Any]:
     out["ingest_frames"] = {m.__name__: m.model_json_schema() for m in INGEST_FRAMES}
     out["live_frames"] = {m.__name__: m.model_json_schema() for m in LIVE_FRAMES}
     out["shapes"] = {m.__name__: m.model_json_schema()
-                     for m in (RunSummary, OptimizerView, StepSeries, ParamSeries)}
+                     for m in (RunSummary, OptimizerView, StepSeries, ParamSeries,
+                               ScalarSeries)}
     return out

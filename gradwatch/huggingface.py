@@ -58,6 +58,10 @@ class GradwatchCallback(HasSession, TrainerCallback):
     0's run id and name are broadcast. A run that raises is closed at the program's exit
     (the Trainer calls no callback then), or when ``train()`` runs again.
 
+    What the Trainer logs (``loss``, ``learning_rate``, ``eval_loss``...) goes on the run's
+    step axis too, beside the probe's own loss and learning rate (``WatchHandle.log``); for
+    anything else, call ``callback.handle.log(name=value)``.
+
     Args:
         log: step log path (default: ``gradwatch.jsonl`` in ``args.output_dir``).
         server: gradwatch server URL to stream to.
@@ -95,8 +99,10 @@ class GradwatchCallback(HasSession, TrainerCallback):
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, float] | None = None, **kwargs: Any) -> None:
-        if self._session.log_metrics and logs is not None:
-            logs.update(self._session.metrics())
+        if logs is not None:
+            self._session.forward(logs)  # on the step axis beside the loss and the drift
+            if self._session.log_metrics:
+                logs.update(self._session.metrics())
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:

@@ -62,6 +62,11 @@ class GradwatchCallback(HasSession, Callback):
     step log (``<stem>.rank<R><suffix>``) of one run: rank 0's run id and name are
     broadcast. The session closes when ``fit`` ends or fails.
 
+    What the module logs with ``self.log`` (``trainer.callback_metrics``) goes on the run's
+    step axis too, every ``log_every_n_steps`` batches and after each validation, beside
+    the probe's own loss and learning rate (``WatchHandle.log``; tensors are read without a
+    device sync).
+
     Args:
         log: step log path (default: ``gradwatch.jsonl`` in ``trainer.log_dir``). Kept as
             :attr:`step_log`.
@@ -94,10 +99,12 @@ class GradwatchCallback(HasSession, Callback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
-        if not self._session.log_metrics or not trainer.loggers:
-            return
         every = getattr(trainer, "log_every_n_steps", 50)  # set by Lightning at init
         if not every or ((batch_idx + 1) % every and not trainer.is_last_batch):
+            return
+        # what the module logged (self.log), on the step axis beside the loss and the drift
+        self._session.forward(trainer.callback_metrics)
+        if not self._session.log_metrics or not trainer.loggers:
             return
         if metrics := self._session.metrics():
             # Lightning's own x-axis for logged metrics counts batches that stepped, which
@@ -106,6 +113,10 @@ class GradwatchCallback(HasSession, Callback):
                            trainer.global_step)
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._session.forward(trainer.callback_metrics)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._session.close("finished")

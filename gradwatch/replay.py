@@ -30,14 +30,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from gradwatch.cliargs import CommandParser
+from gradwatch.cliargs import CommandParser, summary
 from gradwatch.steplog import GZIP_MAGIC, LogReader, StepLogError, StepLogWriter
-from gradwatch.stream import Streamer, ingest_url
+from gradwatch.stream import Streamer, ingest_url, reachable
 from gradwatch.streamkey import key_file, new_key, read_key
 
 
 def _parser() -> CommandParser:
-    p = CommandParser(prog="gradwatch replay", description=__doc__.splitlines()[0])
+    p = CommandParser(prog="gradwatch replay", description=summary(__doc__))
     p.add_argument("log", help="a step log written by gradwatch")
     p.add_argument("--server", default="ws://127.0.0.1:8765", help="server URL")
     pace = p.add_mutually_exclusive_group()
@@ -105,24 +105,27 @@ def validating_pass(path: str) -> tuple[Any, int, int, list[str]]:
 
 def main(argv: Sequence[str]) -> int:
     """Entry point of ``gradwatch replay``."""
-    a = _parser().parse_args(argv)
+    parser = _parser()
+    a = parser.parse_args(argv)
+    # argument errors first, then the file, then the server
     if a.speed is not None and a.speed <= 0:
-        print("gradwatch replay: --speed must be positive", file=sys.stderr)
-        return 2
+        parser.error("--speed must be positive")
     if a.resume and a.name:
-        print("gradwatch replay: --resume keeps the run as it is; drop --name",
-              file=sys.stderr)
-        return 2
+        parser.error("--resume keeps the run as it is; drop --name")
+    try:
+        ingest_url(a.server)
+    except ValueError as e:
+        parser.error(f"--server: {e}")
     try:
         header, n, last_seq, warnings = validating_pass(a.log)
     except StepLogError as e:
         print(f"gradwatch replay: {e}", file=sys.stderr)
         return 2
-    try:
-        ingest_url(a.server)
-    except ValueError as e:
-        print(f"gradwatch replay: {e}", file=sys.stderr)
-        return 2
+    why = reachable(a.server)
+    if why is not None:
+        print(f"gradwatch replay: cannot reach the server at {a.server} ({why}); is "
+              f"'gradwatch serve' running there? Nothing was sent.", file=sys.stderr)
+        return 1
     for w in warnings:
         print(f"gradwatch replay: warning: {w}", file=sys.stderr)
     token = a.token or os.environ.get("GRADWATCH_TOKEN") or None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import socket
 import threading
 import time
 from collections import deque
@@ -43,6 +44,18 @@ ingest connections idle for longer than its ``--ingest-idle-timeout``)."""
 RATE_LIMITED = 1013
 FATAL_CLOSE = {1003: "unsupported data", 1007: "invalid record", 1008: "refused by policy",
                4403: "the stream belongs to another connection"}
+
+
+def reachable(server: str, timeout: float = 3.0) -> str | None:
+    """Why the server at ``server`` cannot be reached (a TCP connection to its host and
+    port fails within ``timeout`` seconds), or None when it answers."""
+    parts = urlsplit(ingest_url(server))
+    port = parts.port or (443 if parts.scheme == "wss" else 80)
+    try:
+        socket.create_connection((parts.hostname or "127.0.0.1", port), timeout).close()
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__
+    return None
 
 
 def ingest_url(server: str) -> str:
@@ -91,6 +104,8 @@ class Streamer:
         self._inflight: deque[tuple[int, int, int]] = deque()  # (last seq, end off, n)
         self._last_send = 0.0
         self._last_full = False
+        self._unreachable_said = False
+        """The current outage was reported (once per outage, at its first failure)."""
         self.min_interval = MIN_INTERVAL
         self._stats: dict[str, Any] = {"sent": 0, "dropped": 0, "connected": False,
                                        "reconnects": 0, "acked_seq": -1, "server_had": None,
@@ -170,7 +185,11 @@ class Streamer:
         ws.send(Hello(run=self.run, rank=self.rank, key=self.key)
                 .model_dump_json(exclude_none=True))
         resume = Resume.model_validate_json(ws.recv(timeout=self.ack_timeout))
-        if self._stats["reconnects"] == 0 and not self._stats["connected"]:
+        if self._unreachable_said:
+            log.warning("gradwatch: the server at %s is reachable again; sending the "
+                        "records it lacks", self.url)
+            self._unreachable_said = False
+        elif self._stats["reconnects"] == 0 and not self._stats["connected"]:
             log.info("gradwatch streamer: connected to %s", self.url)
         self._stats["connected"] = True
         if self._stats["server_had"] is None:
@@ -208,6 +227,13 @@ class Streamer:
                      "sending at most every %.2f s", reason, self.min_interval)
         else:
             log.debug("gradwatch streamer: no connection to %s: %s", self.url, e)
+            if not self._unreachable_said and not self._stopping:
+                # Said at once (a refused connection fails at once, a silent host within
+                # the 3 s open timeout), and once per outage: training goes on meanwhile.
+                self._unreachable_said = True
+                log.warning("gradwatch: cannot reach the server at %s (%s); training goes "
+                            "on, every record stays in %s and is sent when the server is "
+                            "back", self.url, _why(e), self.spool)
         if was_connected:
             self._stats["reconnects"] += 1
 
@@ -331,3 +357,10 @@ class Streamer:
     def _update_backlog(self) -> None:
         with contextlib.suppress(OSError):
             self._stats["backlog_bytes"] = max(0, self.spool.stat().st_size - self._acked_off)
+
+
+def _why(e: BaseException) -> str:
+    """A connection failure in a few words."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e) or type(e).__name__

@@ -269,9 +269,13 @@ class Step(_Record):
     sites: StepSites | None = None
     """Where its finding facts come from (None on a step without one)."""
     loss: Norm = None
-    """The step's loss: the sum of the backward roots it read (None: not known)."""
+    """Sum of the values of the roots passed to ``backward()`` by the backwards this step
+    read, as the user passed them (divided by an accumulation count if the user divides); a
+    root made by ``GradScaler.scale`` is read before scaling. None when no such backward had
+    a scalar floating-point root the probe could read (NaN and infinities are data)."""
     lr: list[Norm] | None = Field(default=None, max_length=100_000)
-    """Learning rate of each parameter group at this step (None: not known)."""
+    """Each parameter group's learning rate when the step ran (None: not a number the probe
+    could read without a device sync)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -375,9 +379,9 @@ class Scalars(_Record):
 
     type: Literal["scalars"] = "scalars"
     step: StepNumber
-    """The step they belong to (the optimizer's, where ``opt`` names one)."""
+    """The step they belong to (the latest step of the run when the user named none)."""
     opt: str | None = Field(default=None, min_length=1, max_length=200)
-    """The optimizer whose step it is; None: the run's step."""
+    """The optimizer whose step counter ``step`` is (None: the run's first optimizer)."""
     values: dict[Annotated[str, Field(min_length=1, max_length=200)], float] = Field(
         max_length=1000)
     """Name → value; NaN and infinities are data."""

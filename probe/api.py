@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gradwatch.probe import names, patches, runinfo
+from gradwatch.probe.losses import LoggedScalars, scalar_value
 from gradwatch.probe.tracker import Tracker
 from gradwatch.probe.writer import RecordWriter, StepFigures
 from gradwatch.steplog import is_compressed
-from gradwatch.wire import End, Finding, Stats
+from gradwatch.wire import STEP_MAX, End, Finding, Stats
 
 if TYPE_CHECKING:
     from gradwatch.stream import Streamer
@@ -208,6 +209,45 @@ class WatchHandle:
         writer's round (at most ``poll`` seconds).
         """
         return self.writer.latest
+
+    def log(self, step: int | None = None, **scalars: Any) -> None:
+        """Put values on the run's step axis, beside the loss and the norms: a validation
+        loss, an accuracy (``handle.log(val_loss=0.4, acc=0.91)``).
+
+        Never waits: a CUDA tensor is copied without a device sync and read on the writer
+        thread. NaN and infinities are data. Does nothing once the session is closed.
+
+        Args:
+            step: the step they belong to, an index of the run's first optimizer's steps;
+                None (the default): the latest step of the run, of the optimizer that took
+                it (0 before any step).
+            **scalars: name=value, each a real number (int, float, numpy scalar) or a tensor
+                of one real number; at most 256 names of at most 200 characters.
+
+        Raises:
+            TypeError: a value is not a real number, ``step`` is not an int, or no value
+                was given.
+            ValueError: ``step`` is negative or too large, or too many or too long names.
+        """
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise TypeError(f"handle.log(step=...) takes an int or None; got "
+                            f"{type(step).__name__}.")
+        if step is not None and not 0 <= step <= STEP_MAX:
+            raise ValueError(f"handle.log(step=...) must be between 0 and {STEP_MAX}; got "
+                             f"{step}.")
+        if not scalars:
+            raise TypeError("handle.log() needs at least one value, e.g. "
+                            "handle.log(val_loss=0.42).")
+        if len(scalars) > 256 or any(len(k) > 200 or not k for k in scalars):
+            raise ValueError("handle.log() takes at most 256 values, named with 1 to 200 "
+                             "characters each.")
+        values = {k: scalar_value(k, v) for k, v in scalars.items()}
+        if self._closed:
+            return
+        opt: str | None = None
+        if step is None:
+            opt, step = self.tracker.last_step or (None, 0)
+        self.writer.put(LoggedScalars(time.time(), step, opt, values))
 
     @property
     def disabled(self) -> str | None:

@@ -135,6 +135,10 @@ class TextbookStep:
     when parameters are added)."""
     hits: Hits
     norms: Norms
+    roots: list[Any] | None = None
+    """The values of its backwards' roots (:mod:`gradwatch.probe.losses`), None unknown."""
+    lr: list[float] | None = None
+    """Each param group's learning rate at the step (None unknown)."""
 
 
 @dataclass(slots=True)
@@ -156,6 +160,10 @@ class JudgedStep:
     discarded_params: AbstractSet[int]
     sites: SiteFacts | None = None
     """Set only on a step with a finding fact."""
+    roots: list[Any] | None = None
+    """The values of its backwards' roots (:mod:`gradwatch.probe.losses`), None unknown."""
+    lr: list[float] | None = None
+    """Each param group's learning rate at the step (None unknown)."""
 
     def has_findings(self) -> bool:
         """Whether a finding fact is among them (:func:`gradwatch.verdict.carries_facts` of

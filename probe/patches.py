@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gradwatch.probe import reach
+from gradwatch.probe.losses import UNSCALED
 from gradwatch.probe.nocompile import no_compile, skip_tracing
 
 if TYPE_CHECKING:
@@ -79,6 +80,20 @@ def _after(notify: str) -> Callable[[Any], Any]:
     return make
 
 
+def _make_scaler_scale(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def scale(self: Any, outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, outputs, *args, **kwargs)
+        if out is not outputs and isinstance(out, torch.Tensor):
+            try:  # the loss as the user made it, before scaling (probe/losses.py)
+                setattr(out, UNSCALED, outputs)
+            except Exception:  # noqa: BLE001 - a tensor subclass that refuses attributes
+                log.debug("cannot tag a scaled loss", exc_info=True)
+        return out
+
+    return scale
+
+
 def _make_scaler_step(orig: Any) -> Any:
     @functools.wraps(orig)
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -119,8 +134,9 @@ def _make_backward(orig: Any) -> Any:
             reach.walk(active, args, kwargs)
         armed = None  # a list only when some tracker is armed (no list per backward)
         roots = _roots(args, kwargs)
+        tensors = args[0] if args else kwargs.get("tensors")
         for t in active:
-            if (a := t.begin(roots)) is not None:
+            if (a := t.begin(roots, tensors)) is not None:
                 if armed is None:
                     armed = []
                 armed.append((t, a))
@@ -175,6 +191,8 @@ def _install() -> None:
     _wrap(torch.autograd, "backward", _make_backward)
     for cls in _scaler_classes():
         _wrap(cls, "step", _make_scaler_step)
+        if "scale" in cls.__dict__:
+            _wrap(cls, "scale", _make_scaler_scale)
 
 
 def _install_auto() -> None:

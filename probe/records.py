@@ -9,6 +9,7 @@ device norms to the host.
 
 from __future__ import annotations
 
+import logging
 import math
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -35,7 +36,10 @@ from gradwatch.probe.facts import (
     as_left,
     param_indices,
 )
-from gradwatch.wire import Reset, Step, StepSites, trusted
+from gradwatch.probe.losses import LoggedScalars, Value
+from gradwatch.wire import Reset, Scalars, Step, StepSites, trusted
+
+log = logging.getLogger("gradwatch.probe")
 
 _NOTHING_LOST = ResetLoss()
 _NO_LOSSES: dict[str, ResetLoss] = {}
@@ -89,7 +93,7 @@ class Lookup:
         return ordered[bisect_left(ordered, 0):]  # without the backward markers
 
 
-Item = StepFacts | BaseModel
+Item = StepFacts | BaseModel | LoggedScalars
 """What the writer is handed: step facts, or a wire record made already."""
 
 
@@ -108,7 +112,12 @@ class StepRecords:
         if isinstance(item, JudgedStep):
             return step_record(seq, item.t, item.opt, item.step, item.skipped, item.tally,
                                item.resets, self._lookup(item.opt, item.index), item.losses,
-                               item.late, item.discarded_params, item.sites)
+                               item.late, item.discarded_params, item.sites,
+                               loss_of(item.roots), item.lr)
+        if isinstance(item, LoggedScalars):
+            return trusted(Scalars, {"seq": seq, "t": item.t, "type": "scalars",
+                                     "step": item.step, "opt": item.opt,
+                                     "values": {k: _read(v) for k, v in item.values.items()}})
         item.seq = seq  # type: ignore[attr-defined]
         return item
 
@@ -119,7 +128,7 @@ class StepRecords:
         tally.norms = facts.norms
         return step_record(seq, facts.t, facts.opt, facts.step, False, tally, facts.resets,
                            self._lookup(facts.opt, facts.index), _NO_LOSSES, _NO_PARAMS,
-                           _NO_PARAMS)
+                           _NO_PARAMS, None, loss_of(facts.roots), facts.lr)
 
     def _lookup(self, opt: str, index: dict[int, int]) -> Lookup:
         lookup = self._lookups.get(opt)
@@ -131,7 +140,8 @@ class StepRecords:
 def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: StepTally,
                 resets_since: list[ResetFact], lookup: Lookup, losses: dict[str, ResetLoss],
                 late: AbstractSet[int], discarded_params: AbstractSet[int],
-                sites: SiteFacts | None = None) -> Step:
+                sites: SiteFacts | None = None, root_loss: float | None = None,
+                lr: list[float] | None = None) -> Step:
     """A :class:`Step` record from a step's facts."""
     by_how: dict[str, list[tuple[Sequence[int], Sequence[Hits]]]] = {}
     last_site: dict[str, int] = {}
@@ -162,12 +172,37 @@ def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: S
         "leaked_params": sorted(tally.leaked_params), "late_params": sorted(late),
         "discarded": discarded, "discarded_params": sorted(discarded_params),
         "resets": resets, "norm": norm, "fresh_norm": fresh_norm, "drift": drift,
-        "param_norms": per, "param_fresh_norms": fresh, "loss": None, "lr": None,
+        "param_norms": per, "param_fresh_norms": fresh,
         "sites": None if sites is None else trusted(StepSites, {
             "step": sites.step or None, "stale": sorted(sites.stale)[:_MAX_SITES],
             "leaked": sorted(sites.leaked)[:_MAX_SITES],
             "lost": sorted(sites.lost)[:_MAX_SITES],
-            "fresh": sorted(sites.fresh)[:_MAX_SITES]})})
+            "fresh": sorted(sites.fresh)[:_MAX_SITES]}),
+        "loss": root_loss, "lr": lr})
+
+
+def loss_of(roots: list[Value] | None) -> float | None:
+    """The sum of a step's root values (:mod:`gradwatch.probe.losses`), read on the host:
+    a CUDA value once its copy's event completed (this thread waits; the training thread
+    never does). None when unknown or unreadable."""
+    if roots is None:
+        return None
+    total = 0.0
+    try:
+        for v in roots:
+            total += _read(v)
+    except Exception:  # noqa: BLE001 - a value that cannot be read: unknown, not an error
+        log.debug("cannot read a loss value", exc_info=True)
+        return None
+    return total
+
+
+def _read(v: Value) -> float:
+    """A value on the host: as it is, or once its device copy's event completed."""
+    if type(v) is float:
+        return v
+    v.event.synchronize()  # type: ignore[union-attr]
+    return float(v.host.item())  # type: ignore[union-attr]
 
 
 def host_norms(sample: NormSample | list[float]

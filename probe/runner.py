@@ -62,11 +62,15 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
             else:
                 target = argv[i:]
                 break
-    p = CommandParser(prog="gradwatch run", usage=_USAGE, description=__doc__.splitlines()[0])
+    p = CommandParser(prog="gradwatch run", usage=_USAGE, description=(
+        "Run a training script unmodified under the probe: attach to every optimizer it "
+        "creates, write the step log, and print a verdict at exit."))
     p.add_argument("--log", "--step-log", dest="log", default=os.environ.get("GRADWATCH_LOG"),
-                   help="step log path (default: gradwatch-<run id>.jsonl here; a log an "
-                        "earlier run left there is replaced). Under torchrun, spell it "
-                        "--step-log: torchrun reads --log as its own --log-dir")
+                   help="step log path (default: gradwatch-<run id>.jsonl here, or with "
+                        "--server a spool file under ~/.cache/gradwatch/spool or "
+                        "$GRADWATCH_SPOOL_DIR, printed at start; a log an earlier run left "
+                        "there is replaced). Under torchrun, spell it --step-log: torchrun "
+                        "reads --log as its own --log-dir")
     p.add_argument("--server", default=os.environ.get("GRADWATCH_SERVER"),
                    help="gradwatch server URL to stream to")
     p.add_argument("--name", default=None, help="run name (default: the script name)")
@@ -75,6 +79,16 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--fail-on-findings", action="store_true",
                    help="exit 1 when the script succeeded but there are findings (for CI)")
     args = p.parse_args(ours)
+    # argument errors first, then the files they name
+    if args.norms_every < 0:
+        p.error("--norms-every must be >= 0")
+    if args.server is not None:
+        from gradwatch.stream import ingest_url
+
+        try:
+            ingest_url(args.server)
+        except ValueError as e:
+            p.error(f"--server: {e}")
     if not target:
         p.error("nothing to run: put the script after --, e.g. "
                 "gradwatch run -- train.py --epochs 3")
@@ -91,8 +105,6 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
             p.error(f"{target[0]} is not a Python script ({found}); gradwatch run runs "
                     f"Python scripts and modules in its own process")
         target = [found, *target[1:]]
-    if args.norms_every < 0:
-        p.error("--norms-every must be >= 0")
     if args.log is not None and Path(args.log).is_dir():
         p.error(f"--log {args.log} is a folder; give a file path such as "
                 f"{Path(args.log) / 'run.jsonl'}")
@@ -193,6 +205,10 @@ def main(argv: Sequence[str]) -> int:
 
         run = runinfo.run_id(None)
         log = f"gradwatch-{run}.jsonl"
+        if args.server:  # streamed: the step log is the spool, out of the working folder
+            log = str(runinfo.spool_path(run, 0).with_name(f"{run}.jsonl"))
+            print(f"gradwatch: streaming to {args.server}; the step log (the spool, which "
+                  f"keeps every record) is {log}", file=sys.stderr)
     session = AutoSession(Plan(log=log, run_name=name, norms_every=args.norms_every,
                                server=args.server, run=run))
     launcher = runreport.launcher(target, args.log or "run.jsonl")

@@ -42,6 +42,7 @@ from gradwatch.probe.facts import JudgedStep, StepFacts
 from gradwatch.probe.handresets import ArmedBackward
 from gradwatch.probe.holding import Holdings
 from gradwatch.probe.ledger import Ledger
+from gradwatch.probe.losses import Roots, learning_rates
 from gradwatch.probe.manual import ManualUpdates
 from gradwatch.probe.names import Namer, positional
 from gradwatch.probe.nocompile import no_compile
@@ -77,7 +78,7 @@ class Tracker:
     __slots__ = ("on", "backwards", "ledgers", "marks", "by_param", "handles", "own_hooks",
                  "post_hooked", "unhooked", "emit", "norms_every", "namer", "auto",
                  "on_disable", "disabled", "steps", "_names_taken", "labeler", "labels",
-                 "sites", "shared", "unowned", "holdings")
+                 "sites", "shared", "unowned", "holdings", "roots", "last_step")
 
     def __init__(self, emit: Emit, *, norms_every: int = 1, namer: Namer | None = None,
                  auto: bool = False, on_disable: Callable[[str], None] | None = None,
@@ -114,6 +115,10 @@ class Tracker:
         # issue 20 (lifecycle findings, loops with no optimizer): what no optimizer holds
         self.unowned = Unowned(self)
         self.holdings = Holdings(self.emit)
+        self.roots = Roots()
+        """The loss of each step: what its backwards started from."""
+        self.last_step: tuple[str, int] | None = None
+        """``(optimizer, step)`` of the run's latest step (``WatchHandle.log``'s default)."""
 
     # ---------------------------------------------------------------- attach
     def attach(self, opt: torch.optim.Optimizer, name: str | None = None,
@@ -205,9 +210,11 @@ class Tracker:
             hooks.update(others)
 
     # ---------------------------------------------------------------- backward
-    def begin(self, roots: Any = None) -> list[tuple[Ledger, ArmedBackward | None]] | None:
+    def begin(self, roots: Any = None, tensors: Any = None
+              ) -> list[tuple[Ledger, ArmedBackward | None]] | None:
         """A backward pass from ``roots`` starts (the engine has not run yet): number it,
-        note where it was called, and mark it.
+        note where it was called and the value of what it starts from (``tensors``, as
+        passed, for the loss: ``roots`` is None when the graph is retained), and mark it.
 
         Armed ledgers (their consumed gradients not cleared by zero_grad) also get their
         ``.grad`` state taken, and lossy ones (a reset threw contributions away) their
@@ -221,6 +228,7 @@ class Tracker:
                 unowned.boundary()
             b = self.backwards
             bw = b.begin(self.sites.here("backward"), roots)
+            self.roots.note(bw, tensors)
             if b.phase_began:
                 for led in self.ledgers.values():
                     led.phase_began()
@@ -279,7 +287,7 @@ class Tracker:
                 return args, {**kwargs, "closure": wrapped}
             # Without a closure the step reads its gradients now and nothing after:
             # the record is complete at step entry (no post-hook call per step).
-            self._emit_step(led.plain_step())
+            self._emit_step(led.plain_step(), opt)
         except Exception as e:  # noqa: BLE001
             self.fail(e)
         return None
@@ -292,13 +300,20 @@ class Tracker:
         try:
             led = self.ledgers.get(opt)
             if led is not None and (facts := led.close_closure_step()) is not None:
-                self._emit_step(facts)
+                self._emit_step(facts, opt)
         except Exception as e:  # noqa: BLE001
             self.fail(e)
 
-    def _emit_step(self, facts: StepFacts) -> None:
-        if type(facts) is JudgedStep and facts.sites is not None:
-            facts.sites.step = self.sites.here("step")
+    def _emit_step(self, facts: StepFacts, opt: Any = None) -> None:
+        if isinstance(facts, JudgedStep):
+            if facts.sites is not None:
+                facts.sites.step = self.sites.here("step")
+            facts.roots = self.roots.take(facts.tally.bws)
+        else:  # textbook: one backward, whose marker leads the hooks' list
+            facts.roots = self.roots.take((-facts.hits[0],))
+        if opt is not None:
+            facts.lr = learning_rates(opt)
+        self.last_step = (facts.opt, facts.step)
         self.emit(facts)
         self.steps += 1
         if self.holdings.pending:  # idle_optimizer: checked at steps 0, 1, 2, 4, 8, ...
@@ -392,7 +407,7 @@ class Tracker:
         if led.step != before:
             return
         try:
-            self._emit_step(led.skipped_step())
+            self._emit_step(led.skipped_step(), led.opt)
         except Exception as e:  # noqa: BLE001
             self.fail(e)
 

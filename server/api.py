@@ -15,7 +15,14 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
-from gradwatch.frames import ParamSeries, RunSummary, StepSeries, frame_json, json_schema
+from gradwatch.frames import (
+    ParamSeries,
+    RunSummary,
+    ScalarSeries,
+    StepSeries,
+    frame_json,
+    json_schema,
+)
 from gradwatch.server.errors import (
     InvalidStream,
     NameTaken,
@@ -145,6 +152,16 @@ async def params(request: Request, run_id: str, opt: str, rank: Rank = 0,
                                   end, max_points)
     if out is None:
         raise HTTPException(404, f"no optimizer '{opt}' (rank {rank}) in run '{run_id}'")
+    return _json(out)
+
+
+@router.get("/runs/{run_id}/scalars", response_model=ScalarSeries,
+            summary="Values the user logged (handle.log), one entry per value")
+async def scalars(run_id: str, request: Request) -> Response:
+    """Values logged with ``handle.log`` (and the framework callbacks), in stored order."""
+    out = await asyncio.to_thread(_runs(request).reader.scalars, run_id)
+    if out is None:
+        raise _missing(run_id)
     return _json(out)
 
 

@@ -119,3 +119,6 @@ class IngestResult:
     findings: list[Finding] | None = None
     """The run's findings, when the batch changed them."""
     summary: RunSummary | None = None
+    scalars: list[tuple[int, str | None, int, str, float]] = field(default_factory=list)
+    """Values new to the database from ``Scalars`` records: (rank, opt, step, name,
+    value)."""

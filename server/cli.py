@@ -86,7 +86,11 @@ def _parser() -> CommandParser:
                    help="extra Host name accepted without a token, besides localhost and "
                         "loopback addresses (repeatable; '*': any)")
     p.add_argument("--log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug"])
+                   choices=["critical", "error", "warning", "info", "debug"],
+                   help="the server's log level")
+    p.add_argument("--access-log", action="store_true",
+                   help="log every HTTP request (off by default, so the server's own lines "
+                        "stay readable)")
     return p
 
 
@@ -231,11 +235,32 @@ def main(argv: Sequence[str]) -> int:
     print(f"gradwatch: dashboard at http://{host}:{settings.port}/{hint}  "
           f"(data in {settings.data_dir})", flush=True)
     mask_tokens_in_logs()
+    quiet_shutdown()
     try:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                    log_level=a.log_level, **uvicorn_options(settings))
+                    log_level=a.log_level, access_log=a.access_log,
+                    **uvicorn_options(settings))
     except OSError as e:
         print(f"gradwatch serve: cannot listen on {host}:{settings.port}: {e}",
               file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # uvicorn stopped gracefully, then re-raised the Ctrl-C
+        pass
+    print("gradwatch serve: stopped", flush=True)
     return 0
+
+
+_SHUTDOWN_LINES = ("Shutting down", "Waiting for application shutdown",
+                   "Application shutdown complete", "Finished server process",
+                   "Waiting for connections to close", "Waiting for background tasks")
+
+
+def quiet_shutdown() -> None:
+    """Leave out uvicorn's informational lines about stopping: ``gradwatch serve: stopped``
+    says it in one (warnings and errors still show)."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not str(record.msg).startswith(
+            _SHUTDOWN_LINES)
+
+    logging.getLogger("uvicorn.error").addFilter(keep)

@@ -26,6 +26,7 @@ from gradwatch.frames import (
     OptimizerView,
     RunFrame,
     RunSummary,
+    ScalarsFrame,
     StepsFrame,
     frame_json,
 )
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 class Item:
     """One queued frame: its text, plus its rows for a steps frame (to merge them)."""
 
-    kind: Literal["steps", "findings", "optimizer", "run", "deleted"]
+    kind: Literal["steps", "findings", "optimizer", "run", "deleted", "scalars"]
     text: str
     rows: list[Row] | None = None
     key: str = ""
@@ -214,6 +215,16 @@ class Hub:
         """New step rows of a run (already stored)."""
         if rows and self._watched(run):
             self._offer(run, _steps_item(run, rows, decimated=False))
+
+    def publish_scalars(self, run: str,
+                        values: list[tuple[int, str | None, int, str, float]]) -> None:
+        """Values the user logged (already stored): (rank, opt, step, name, value)."""
+        if values and self._watched(run):
+            cols = dict(zip(("rank", "opt", "step", "name", "value"),
+                            map(list, zip(*values, strict=True)), strict=True))
+            text = frame_json(ScalarsFrame, run=run,
+                              scalars={**cols, "total": len(values)})
+            self._offer(run, Item("scalars", text))
 
     def publish_findings(self, run: str, findings: list[Finding]) -> None:
         """A run's findings changed (the full list)."""

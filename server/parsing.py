@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -61,7 +62,10 @@ def parse_frame(text: str) -> Hello | Batch:
 
 
 def exit_with_parent(parent: int) -> None:
-    """In a parser process: exit when the server process is gone (even after kill -9)."""
+    """In a parser process: exit when the server process is gone (even after kill -9), and
+    leave Ctrl-C to the server (it reaches the whole process group; the server stops the
+    pool itself), so a stop prints no traceback per process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent:

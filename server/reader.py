@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gradwatch.frames import OptimizerView, ParamSeries, RunSummary
+from gradwatch.frames import OptimizerView, ParamSeries, RunSummary, ScalarSeries
 from gradwatch.server import db
 from gradwatch.server.rows import Row, SeriesRows
 from gradwatch.server.series_read import param_steps, series_rows
@@ -26,6 +26,7 @@ from gradwatch.server.steptable import (
     FLAG_PFRESH_IS_PNORM,
     RECORD_SELECT,
     STEP_SELECT,
+    json_float,
     step_record,
     to_row,
     unpack_norms,
@@ -199,6 +200,29 @@ class Reader:
         return ParamSeries(opt=opt, rank=rank, params=names, step=steps, norm=norms,
                            fresh_norm=fresh, bucket=b)
 
+    def scalars(self, run_id: str, limit: int = 200_000) -> ScalarSeries | None:
+        """The values the user logged (``Scalars`` records), the first ``limit`` of them,
+        or ``None`` when there is no such run."""
+        with self.conn() as c:
+            rid = self._rid(c, run_id)
+            if rid is None:
+                return None
+            out = ScalarSeries()
+            for rank, opt, step, vals in c.execute(
+                    "SELECT rank, opt, step, vals FROM scalars WHERE rid=? ORDER BY rank, seq",
+                    (rid,)):
+                for name, value in json.loads(vals).items():
+                    out.total += 1
+                    if out.total > limit:
+                        continue
+                    out.rank.append(rank)
+                    out.opt.append(opt)
+                    out.step.append(step)
+                    out.name.append(name)
+                    out.value.append(float(value) if not isinstance(value, str) else
+                                     json_float(value) or 0.0)
+            return out
+
     def export_lines(self, run_id: str, rank: int = 0) -> Iterator[str] | None:
         """The stream of one rank as step-log lines (header first), or ``None``.
 
@@ -264,9 +288,15 @@ class Reader:
 
 
 def _csv_cells(r: Row) -> list[object]:
-    """A step row as CSV cells: resets as ``how:n;how:n``, an unsampled norm empty."""
-    return [";".join(f"{h}:{n}" for h, n in x) if isinstance(x, tuple) else
-            "" if x is None else x for x in r]
+    """A step row as CSV cells: resets as ``how:n;how:n``, learning rates as ``a;b``, an
+    unsampled norm empty."""
+    cells: list[object] = ["" if x is None else x for x in r]
+    cells[_RESETS] = ";".join(f"{h}:{n}" for h, n in r.resets)
+    cells[_LR] = "" if r.lr is None else ";".join(map(repr, r.lr))
+    return cells
+
+
+_RESETS, _LR = Row._fields.index("resets"), Row._fields.index("lr")
 
 
 def _step_line(opt: str, t: tuple[Any, ...]) -> str:

@@ -37,13 +37,18 @@ class Row(NamedTuple):
     skipped: bool
     resets: tuple[tuple[str, int], ...]
     """Per reset kind seen before the step: (how, number of params it touched)."""
+    loss: float | None = None
+    """The step's loss (``Step.loss``); None when unknown."""
+    lr: tuple[float | None, ...] | None = None
+    """Each param group's learning rate (``Step.lr``); None when unknown."""
 
 
 def row_from_step(s: Step, rank: int) -> Row:
     """The row of one validated step record."""
     return Row(rank, s.opt, s.step, s.t, s.norm, s.fresh_norm, s.drift, s.stale, s.leaked,
                len(s.late_params), s.discarded, s.skipped,
-               tuple((r.how, len(r.params)) for r in s.resets))
+               tuple((r.how, len(r.params)) for r in s.resets), s.loss,
+               None if s.lr is None else tuple(s.lr))
 
 
 KEEP_NONFINITE = ("norm", "drift")

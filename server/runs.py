@@ -76,6 +76,7 @@ class Runs:
         for view in res.optimizers:
             self.hub.publish_optimizer(res.run, view)
         self.hub.publish_steps(res.run, res.rows)
+        self.hub.publish_scalars(res.run, res.scalars)
         if res.findings is not None:
             self.hub.publish_findings(res.run, res.findings)
         if res.summary is not None and (res.stored or res.new_run):

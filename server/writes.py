@@ -140,7 +140,8 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch, res: Inges
             st.dropped[rank] = max(st.dropped.get(rank, 0), r.dropped)
             if isinstance(r, End):
                 st.ended[rank] = r.status
-        elif isinstance(r, Scalars):
+        elif isinstance(r, Scalars):  # the verdict has no use for them
+            res.scalars.extend((rank, r.opt, r.step, k, v) for k, v in r.values.items())
             continue
         for f in st.verdict.feed(r, rank):
             changed = True

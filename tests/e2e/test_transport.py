@@ -75,7 +75,8 @@ def test_slow_or_huge_request_heads_are_cut_off(tmp_path: Path) -> None:
 
 def test_the_token_never_lands_in_the_server_log(tmp_path: Path) -> None:
     token = "t0ken-that-must-not-leak"
-    with ServerProc(tmp_path / "data", None, "--token", token, "--log-level", "info") as srv:
+    with ServerProc(tmp_path / "data", None, "--token", token, "--log-level", "info",
+                    "--access-log") as srv:
         with urllib.request.urlopen(f"{srv.http}/api/runs?token={token}", timeout=10) as r:
             assert json.loads(r.read()) == {"runs": []}
         with pytest.raises(urllib.error.HTTPError):

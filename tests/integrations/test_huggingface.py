@@ -16,7 +16,7 @@ from transformers import Trainer, TrainerCallback  # noqa: E402
 
 from gradwatch.huggingface import GradwatchCallback  # noqa: E402
 from gradwatch.steplog import read_log  # noqa: E402
-from gradwatch.wire import End, Step  # noqa: E402
+from gradwatch.wire import End, Scalars, Step  # noqa: E402
 from tests.integrations.conftest import judged, kinds  # noqa: E402
 from tests.integrations.hf_models import Tokens, args, tiny_gpt2  # noqa: E402
 
@@ -69,6 +69,12 @@ def test_accumulation_clipping_and_the_trainers_zero_grad_are_clean(tmp_path: Pa
     assert all(s.drift == pytest.approx(1.0) for s in steps)
     assert read_log(log).header.run_name == "gpt2-tiny"
     assert cb.handle is None
+    assert all(s.loss is not None and s.lr is not None for s in steps)
+    # What the Trainer logs reaches the run's step axis too.
+    logged = {k for r in read_log(log).records if isinstance(r, Scalars) for k in r.values}
+    trainer_logged = {k for m in reporter.seen for k, v in m.items()
+                      if not k.startswith("gradwatch/") and isinstance(v, (int, float))}
+    assert logged and logged <= trainer_logged
     # The reporter is listed first, yet it got the figures (of steps the log holds).
     handed = [m for m in reporter.seen if "gradwatch/drift" in m]
     assert handed

@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger  # noqa: E402
 
 from gradwatch.lightning import GradwatchCallback  # noqa: E402
 from gradwatch.steplog import read_log  # noqa: E402
-from gradwatch.wire import End, Header, Step  # noqa: E402
+from gradwatch.wire import End, Header, Scalars, Step  # noqa: E402
 from tests.integrations.conftest import judged, kinds  # noqa: E402
 from tests.integrations.lit_models import Gan, Regressor, noise_data, regression_data  # noqa: E402
 
@@ -47,6 +47,11 @@ def test_automatic_optimization_with_accumulation_and_clipping_is_clean(
     assert [s.backwards for s in steps] == [4] * 8  # each step read its whole window
     assert all(s.drift == pytest.approx(1.0) for s in steps)
     assert cb.step_log == log and cb.handle is None  # closed when fit ended
+    # The loss and lr with no code, and what the module logs, on the same step axis.
+    assert all(s.loss is not None and s.loss > 0 and s.lr == [pytest.approx(0.05)]
+               for s in steps), [(s.loss, s.lr) for s in steps]
+    logged = [r for r in read_log(log).records if isinstance(r, Scalars)]
+    assert logged and all("train_loss" in r.values for r in logged)
 
 
 def test_manual_optimization_gan_is_clean_and_its_optimizers_are_named(

@@ -33,7 +33,8 @@ FIXTURE = json.loads((Path(__file__).with_name("rows_fixture.json")).read_text()
 
 def fixture_rows() -> list[Row]:
     ss = StepSeries.model_validate(FIXTURE["rows"])
-    return [Row(*(getattr(ss, f)[i] for f in Row._fields[:-1]),
+    cut = Row._fields.index("resets")
+    return [Row(*(getattr(ss, f)[i] for f in Row._fields[:cut]),
                 tuple((r.how, r.n) for r in ss.resets[i])) for i in range(len(ss.step))]
 
 

@@ -28,6 +28,13 @@ def fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
+STRIP_TICKS = """(() => { const l = document.getElementById('chart').layout;
+  const k = Object.keys(l).find((key) => l[key] && l[key].tickmode === 'array');
+  return l[k].ticktext; })()"""
+STRIP_ID = """(() => { const l = document.getElementById('chart').layout;
+  return Object.keys(l).find((key) => l[key] && l[key].tickmode === 'array')
+    .replace('axis', ''); })()"""
+
 async def axis_range(page: Page, axis: str) -> list[float] | None:
     return await page.evaluate(f"""(() => {{ const a = document.getElementById('chart').layout
       .{axis}; return a && !a.autorange && a.range ? a.range : null; }})()""")
@@ -105,13 +112,14 @@ async def test_a_reset_kind_has_one_name_everywhere(server: ServerProc, page: Pa
     await ingest(server.ws, "names", finished("names", "names", sent))
     await page.goto(f"{server.http}/?run=names")
     await page.locator("#slider:enabled").wait_for()
-    ticks = await page.evaluate("document.getElementById('chart').layout.yaxis3.ticktext")
+    ticks = await page.evaluate(STRIP_TICKS)
     assert ticks == ["stale grads", "opt.zero_grad()"]  # only the rows this run has
     await page.locator("#slider").fill("5")
     assert (await page.locator("#readout").text_content()).endswith("· opt.zero_grad()")
     # Each label fits its margin: none is cut off by the plot's left edge.
-    labels = await page.evaluate("""Array.from(document.querySelectorAll(
-      '#chart .yaxislayer-above .y3tick text')).map(t => t.getBoundingClientRect().left -
+    strip = await page.evaluate(STRIP_ID)  # the axis under every panel: "y6"
+    labels = await page.evaluate(f"""Array.from(document.querySelectorAll(
+      '#chart .yaxislayer-above .{strip}tick text')).map(t => t.getBoundingClientRect().left -
       document.getElementById('chart').getBoundingClientRect().left)""")
     assert len(labels) == 2 and min(labels) >= 0
     text = await page.evaluate("document.body.innerText")

@@ -175,7 +175,8 @@ def _log_rows(path: str) -> dict[str, list[tuple[int, float | None, float | None
 async def test_a_token_in_the_page_url_becomes_a_cookie_and_leaves_the_url_and_logs(
         tmp_path: Path, page: Page) -> None:
     token = "s3cret-token"
-    srv = ServerProc(tmp_path / "data", None, "--token", token, "--log-level", "info")
+    srv = ServerProc(tmp_path / "data", None, "--token", token, "--log-level", "info",
+                     "--access-log")
     srv.start()
     try:
         recs = [header("tok", "token run"), optimizer(), *steps(20)]

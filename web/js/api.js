@@ -64,6 +64,11 @@ export function fetchParams(runId, { opt, rank, start, end, maxPoints, signal } 
     { opt, rank, start, end, max_points: maxPoints }, { signal });
 }
 
+/** Values the user logged (ScalarSeries: rank, opt, step, name, value columns). */
+export function fetchScalars(runId) {
+  return getJson(`/api/runs/${encodeURIComponent(runId)}/scalars`);
+}
+
 /** RunSummary plus optimizers and header. */
 export function fetchRun(runId) {
   return getJson(`/api/runs/${encodeURIComponent(runId)}`);

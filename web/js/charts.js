@@ -1,18 +1,19 @@
 /**
  * The run's main figure: the panels of panels.js (gradient norm and fresh norm, drift with
- * its 1.0 line) and a strip of reset events, on one shared step axis so zoom and pan move
- * them all; finding bands over the steps they cover, and the player's step cursor.
+ * its 1.0 line; the loss, learning rate and logged values when the run has them) and a
+ * strip of reset events, on one shared step axis so zoom and pan move them all; finding
+ * bands over the steps they cover, and the player's step cursor.
  *
  * Until plotly.js has started, a canvas preview of the same panels is shown.
  */
 
 import { EVENT_ROWS, N_FIXED, STALE_OVERLAY, emptyPoints, eventPoints, usedRows } from "./events.js";
 import { LiveFigure } from "./figure.js";
-import { plotText } from "./format.js";
+import { plotText, plottable } from "./format.js";
 import { chartLayout, chartShapes, findingShapes } from "./layout.js";
 import { renderLegend } from "./legend.js";
 import { loadPlotly, whenPlotly } from "./loadplotly.js";
-import { PANELS, axisId, panelTraces } from "./panels.js";
+import { PANELS, axisId, panelIndex, panelTraces, shownPanels } from "./panels.js";
 import { drawPreview } from "./preview.js";
 import { compact } from "./series.js";
 
@@ -47,6 +48,42 @@ export class MainChart extends LiveFigure {
     this.preview = null;
     this.cursor = null;
     this.colors = new Map(); // series key -> colour, kept for the life of the view
+    this.shown = PANELS.map((p) => !p.optional); // panels drawn (shownPanels)
+    this.scalars = new Map(); // logged name -> {x: steps, y: values}, in step order
+  }
+
+  /**
+   * Values the user logged (a ScalarSeries: rank, step, name, value columns), added to
+   * those shown; the panel of logged values is redrawn (they come rarely).
+   */
+  addScalars(sc) {
+    const n = sc && sc.name ? sc.name.length : 0;
+    if (!n) return;
+    const multiRank = new Set(sc.rank).size > 1;
+    for (let i = 0; i < n; i++) {
+      const name = multiRank || sc.rank[i] ? `${sc.name[i]} (rank ${sc.rank[i]})` : sc.name[i];
+      let t = this.scalars.get(name);
+      if (!t) this.scalars.set(name, (t = new Map()));
+      t.set(sc.step[i], sc.value[i]); // a value logged again for a step replaces it
+    }
+    if (this.ready) this.redraw();
+  }
+
+  scalarTraces() {
+    const axis = axisId(panelIndex("scalars"));
+    const out = [];
+    let k = 0;
+    for (const [name, byStep] of this.scalars) {
+      const steps = [...byStep.keys()].sort((a, b) => a - b);
+      out.push({
+        type: "scatter", mode: "lines+markers", xaxis: "x", yaxis: axis, name: plotText(name),
+        x: steps, y: steps.map((st) => plottable(byStep.get(st))),
+        meta: { scalar: name }, marker: { size: 4 },
+        line: { color: PALETTE[(k++ + 3) % PALETTE.length], width: 1.4 },
+        hovertemplate: `${plotText(name)} %{y:.4g}<extra></extra>`,
+      });
+    }
+    return out;
   }
 
   /** A series' colour: the next of the palette when first seen, then always the same (a
@@ -84,8 +121,9 @@ export class MainChart extends LiveFigure {
   }
 
   buildLayout(range) {
+    this.shown = shownPanels(this.series.values(), this.scalars.size);
     const layout = chartLayout({ logScale: this.logScale, range, shapes: [], rows: this.rows,
-      height: this.gd.clientHeight });
+      height: this.gd.clientHeight, shown: this.shown });
     this.bands = findingShapes(this.findingList, layout, this.activeKey, this.keyOf);
     layout.shapes = chartShapes(this.bands, this.cursor);
     this.lastLayout = layout;
@@ -109,7 +147,7 @@ export class MainChart extends LiveFigure {
       meta: { opt: s.opt, rank: s.rank, field: spec.field },
       line: { color, width: spec.width, dash: spec.dash || "solid" },
       opacity: spec.opacity || 1, hovertemplate: `${spec.hover}<extra>%{fullData.name}</extra>`,
-    }));
+    }), null, this.shown);
   }
 
   /** Row positions on the strip. */
@@ -137,6 +175,7 @@ export class MainChart extends LiveFigure {
       },
     ];
     for (const key of this.order) out.push(...this.seriesTraces(this.series.get(key)));
+    out.push(...this.scalarTraces()); // after every series' traces: their indices stay put
     return out;
   }
 
@@ -162,13 +201,17 @@ export class MainChart extends LiveFigure {
       if (at < 0 || !s || from >= s.length) continue;
       const x = s.step.slice(from);
       let i = N_FIXED + at * PER_SERIES;
-      for (const panel of PANELS) {
+      let appears = false; // a value for a panel not shown yet (the first loss of a run)
+      PANELS.forEach((panel, p) => {
         for (const spec of panel.traces) {
+          const ys = s[spec.column].slice(from);
+          if (!this.shown[p] && ys.some((v) => v !== null)) appears = true;
           batch.xs.push(x);
-          batch.ys.push(s[spec.column].slice(from));
+          batch.ys.push(ys);
           batch.idx.push(i++);
         }
-      }
+      });
+      if (appears) return true;
       eventPoints(s, from, s.length, pts, pos);
       if (s.length > LIVE_CAP) tooBig = true;
     }

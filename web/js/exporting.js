@@ -27,7 +27,8 @@ export function fileStem(name, id) {
 export function exportFigure(gd, { title, subtitle = "" }) {
   // Ungrouped, so the legend reads as one row per line rather than a column per series.
   const data = (gd.data || []).filter((t) => t.visible !== false).map((t) => ({
-    ...t, legendgroup: undefined, showlegend: t.showlegend !== false && !!(t.meta && t.meta.field),
+    ...t, legendgroup: undefined,
+    showlegend: t.showlegend !== false && !!(t.meta && (t.meta.field || t.meta.scalar)),
   }));
   const layout = JSON.parse(JSON.stringify(gd.layout));
   const kinds = [];

@@ -146,6 +146,7 @@ export class LiveFigure {
     const update = {};
     for (const key of Object.keys(this.gd.layout).filter((k) => /^yaxis\d*$/.test(k))) {
       if (this.gd.layout[key].tickmode === "array") continue; // the event strip
+      if (!this.gd._fullLayout[key]) continue; // an axis no trace refers to
       update[`${key}.type`] = on ? "log" : "linear";
       update[`${key}.autorange`] = true;
     }

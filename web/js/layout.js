@@ -40,7 +40,7 @@ export function applyRange(layout, range) {
   }
 }
 
-function base(logScale, below, margin) {
+function base(logScale, below, margin, shown = null) {
   const text = css("--text", "#d8dee6");
   const muted = css("--muted", "#8b96a3");
   const grid = css("--line", "#2a323d");
@@ -60,13 +60,17 @@ function base(logScale, below, margin) {
     xaxis: { ...axis, title: { text: "optimizer step", font: { color: muted } },
       showspikes: true, spikemode: "across", spikethickness: 1, spikecolor: muted },
   };
-  const domains = panelDomains(below);
+  const domains = panelDomains(below, shown);
   PANELS.forEach((p, i) => {
+    if (!domains[i] && !p.traces.length) return; // hidden, and no trace refers to it
     layout[axisKey(i)] = {
-      ...axis, domain: domains[i], type: logScale ? "log" : "linear", fixedrange: true,
-      exponentformat: "power", rangemode: p.tozero && !logScale ? "tozero" : "normal",
+      ...axis, domain: domains[i] || [0, 0.001], type: logScale ? "log" : "linear",
+      fixedrange: true, exponentformat: "power",
+      rangemode: p.tozero && !logScale ? "tozero" : "normal",
       title: { text: p.title, font: { color: muted } }, autorange: true,
     };
+    // A panel the run has no value for: its axis is kept (its traces refer to it) unseen.
+    if (!domains[i]) layout[axisKey(i)].visible = false;
   });
   return { layout, axis, muted };
 }
@@ -78,10 +82,10 @@ function base(logScale, below, margin) {
  * @param {{logScale: boolean, range: number[]|null, shapes: object[], rows: string[],
  *   height: number}} opts height: the graph div's height in pixels
  */
-export function chartLayout({ logScale, range, shapes, rows, height }) {
+export function chartLayout({ logScale, range, shapes, rows, height, shown = null }) {
   const n = Math.max(1, rows.length);
   const below = stripFraction(n, height);
-  const { layout, axis, muted } = base(logScale, below, STRIP_MARGIN);
+  const { layout, axis, muted } = base(logScale, below, STRIP_MARGIN, shown);
   const strip = axisKey(PANELS.length);
   layout.xaxis.anchor = axisId(PANELS.length);
   layout[strip] = {
@@ -101,10 +105,11 @@ export function stripFraction(n, height) {
   return Math.min(0.35, (Math.max(1, n) * ROW_PX + 6) / plotH);
 }
 
-/** The compare chart's layout: the panels only, the step axis under the last one. */
+/** The compare chart's layout: the panels it compares only, the step axis under the last. */
 export function compareLayout({ logScale, range, shapes }) {
-  const { layout } = base(logScale, 0, 78);
-  layout.xaxis.anchor = axisId(PANELS.length - 1);
+  const shown = PANELS.map((p) => p.traces.some((t) => t.compare));
+  const { layout } = base(logScale, 0, 78, shown);
+  layout.xaxis.anchor = axisId(shown.lastIndexOf(true));
   layout.shapes = shapes;
   applyRange(layout, range);
   return layout;
@@ -112,8 +117,12 @@ export function compareLayout({ logScale, range, shapes }) {
 
 /** Top of the strip, as a fraction of the plot: where finding bands start. */
 function bandBottom(layout) {
-  const last = layout[axisKey(PANELS.length - 1)];
-  return last ? Math.max(0, last.domain[0] - 0.015) : 0;
+  let lo = null;
+  PANELS.forEach((_, i) => {
+    const ax = layout[axisKey(i)];
+    if (ax && ax.visible !== false && (lo === null || ax.domain[0] < lo)) lo = ax.domain[0];
+  });
+  return lo === null ? 0 : Math.max(0, lo - 0.015);
 }
 
 /**

@@ -20,17 +20,33 @@ export function renderLegend(box, chart, perSeries) {
     const color = chart.colorOf(key);
     const name = chart.labelText(s);
     let i = N_FIXED + pos * perSeries;
-    for (const panel of PANELS) {
+    PANELS.forEach((panel, p) => {
       for (const spec of panel.traces) {
+        if (chart.shown && !chart.shown[p]) { // a panel the run has no value for
+          i++;
+          continue;
+        }
         items.push(lineItem(chart, `${name} ${spec.label}`, color, spec.dash ? "dotted" : "solid",
           [i++], spec.help));
       }
-    }
+    });
   });
+  let k = N_FIXED + chart.order.length * perSeries;
+  for (const [name] of chart.scalars || []) {
+    items.push(lineItem(chart, name, traceColor(chart, k), "solid", [k],
+      "A value logged with handle.log (or the trainer's logging)"));
+    k++;
+  }
   items.push(lineItem(chart, "stale steps", "#f26d6d", "thick", [STALE_OVERLAY], STALE_HELP));
   items.push(lineItem(chart, "drift = 1", "#8b96a3", "dashed", [], ONE_HELP));
   items.push(...bandItems(chart.findingList.map((f) => f.kind)));
   box.replaceChildren(...items);
+}
+
+/** The colour of trace `i` as drawn. */
+function traceColor(chart, i) {
+  const t = chart.gd && chart.gd.data && chart.gd.data[i];
+  return t && t.line ? t.line.color : "#8b96a3";
 }
 
 /** One entry per finding kind present: its band colour and what the band marks. */

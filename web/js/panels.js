@@ -1,8 +1,11 @@
 /**
  * The panels on the charts' shared step axis, top to bottom, and the traces each draws from
  * a Series column. The run chart, the compare chart, the canvas preview and the y-axis
- * fitting all read this list: another quantity per step (the loss, the learning rate) is
- * one more entry here plus its column in series.js (VALUE_COLUMNS).
+ * fitting all read this list: another quantity per step is one more entry here plus its
+ * column in series.js (VALUE_COLUMNS). An `optional` panel is shown only when the run has a
+ * value for it (shownPanels): the loss and learning rate of a run recorded before the probe
+ * read them, or the values a user logged (handle.log), which the `scalars` panel draws as a
+ * trace per name.
  */
 
 /**
@@ -33,7 +36,38 @@ export const PANELS = [
         help: "‖grad‖ / fresh: 1.0 when every gradient was reset; climbs on a missed reset" },
     ],
   },
+  {
+    key: "loss", title: "loss", weight: 0.6, tozero: false, optional: true,
+    traces: [
+      { field: "loss", column: "loss", label: "loss", width: 1.4, compare: false,
+        hover: "loss %{y:.4g}",
+        help: "Sum of the losses passed to backward() for this step, as passed (divided by " +
+          "the accumulation count if the loop divides; before GradScaler's scaling)" },
+    ],
+  },
+  {
+    key: "lr", title: "lr", weight: 0.4, tozero: true, optional: true,
+    traces: [
+      { field: "lr", column: "lr", label: "lr", width: 1.2, compare: false,
+        hover: "lr %{y:.3g}", help: "Learning rate of the optimizer's first param group" },
+    ],
+  },
+  { key: "scalars", title: "logged", weight: 0.6, tozero: false, optional: true, traces: [] },
 ];
+
+/**
+ * Which panels a figure shows (a boolean per PANELS entry): every panel that is not
+ * optional, and an optional one when some series has a value in one of its columns (the
+ * scalars panel: when `scalarNames` > 0).
+ */
+export function shownPanels(series, scalarNames = 0) {
+  const list = [...series];
+  return PANELS.map((p) => {
+    if (!p.optional) return true;
+    if (p.key === "scalars") return scalarNames > 0;
+    return p.traces.some((t) => list.some((s) => s[t.column].some((v) => v !== null)));
+  });
+}
 
 /** Gap between panels, as a fraction of the plot height. */
 const GAP = 0.04;
@@ -55,33 +89,46 @@ export function axisKey(i) {
 
 /**
  * Vertical domains [bottom, top] of each panel, sharing what a strip of height `below`
- * (a fraction of the plot, 0 for none) leaves, by weight.
+ * (a fraction of the plot, 0 for none) leaves, by weight, among the panels `shown` (a
+ * boolean per panel, from shownPanels; default: the panels that are not optional). A
+ * panel not shown gets null.
  */
-export function panelDomains(below = 0) {
+export function panelDomains(below = 0, shown = null) {
+  const on = shown || PANELS.map((p) => !p.optional);
   const bottom = below > 0 ? below + GAP : 0;
-  const total = PANELS.reduce((a, p) => a + p.weight, 0);
-  const span = 1 - bottom - GAP * (PANELS.length - 1);
+  const showing = PANELS.filter((_, i) => on[i]);
+  const total = showing.reduce((a, p) => a + p.weight, 0);
+  const span = 1 - bottom - GAP * (showing.length - 1);
   const out = [];
   let top = 1;
-  for (const p of PANELS) {
+  PANELS.forEach((p, i) => {
+    if (!on[i]) {
+      out.push(null);
+      return;
+    }
     const h = (span * p.weight) / total;
     out.push([Math.max(0, top - h), top]);
     top -= h + GAP;
-  }
+  });
   return out;
 }
 
-/** Plotly traces of every panel for one series: `style(spec)` adds colour and names. */
-export function panelTraces(s, style, only = null) {
+/**
+ * Plotly traces of every panel for one series: `style(spec)` adds colour and names. A trace
+ * of a panel not `shown` is there (trace indices stay fixed) but invisible.
+ */
+export function panelTraces(s, style, only = null, shown = null) {
   const out = [];
   PANELS.forEach((panel, i) => {
     for (const spec of panel.traces) {
       if (only && !only(spec)) continue;
-      out.push({
+      const trace = {
         type: "scatter", mode: "lines", xaxis: "x", yaxis: axisId(i),
         x: s.step.slice(), y: s[spec.column].slice(),
         ...style(spec, panel),
-      });
+      };
+      if (shown && !shown[i]) trace.visible = false;
+      out.push(trace);
     }
   });
   return out;
@@ -117,7 +164,8 @@ export function applyFit(layout, fits) {
 export function fitUpdate(layout, fits) {
   const update = {};
   for (const [key, r] of fits) {
-    const ax = layout[key] || {};
+    if (!layout[key]) continue; // a panel the figure does not draw
+    const ax = layout[key];
     if (r === null) {
       if (!ax.autorange) update[`${key}.autorange`] = true;
     } else if (ax.autorange || !ax.range || Math.abs(ax.range[0] - r[0]) > 1e-9 * (1 + Math.abs(r[0])) ||

@@ -8,7 +8,7 @@
 import { usedRows } from "./events.js";
 import { findingKind } from "./kinds.js";
 import { STRIP_MARGIN, stripFraction } from "./layout.js";
-import { PANELS, panelDomains } from "./panels.js";
+import { PANELS, panelDomains, shownPanels } from "./panels.js";
 
 const MARGIN = { l: STRIP_MARGIN, r: 16, t: 10, b: 40 };
 
@@ -41,8 +41,10 @@ export function drawPreview(host, series, findings, colors) {
   ctx.font = "11px system-ui, sans-serif";
   ctx.fillStyle = "#8b96a3";
 
-  const domains = panelDomains(stripFraction(usedRows(series.values()).length, h));
-  const bandTop = MARGIN.t, bandBottom = MARGIN.t + (1 - domains[domains.length - 1][0]) * ph;
+  const shown = shownPanels(series.values());
+  const domains = panelDomains(stripFraction(usedRows(series.values()).length, h), shown);
+  const lowest = Math.min(...domains.filter((d) => d).map((d) => d[0]));
+  const bandTop = MARGIN.t, bandBottom = MARGIN.t + (1 - lowest) * ph;
   for (const f of findings) {
     ctx.fillStyle = findingKind(f.kind).band;
     const a = X(f.first_step - 0.5), b = X(f.last_step + 0.5);
@@ -50,6 +52,7 @@ export function drawPreview(host, series, findings, colors) {
   }
 
   PANELS.forEach((panel, p) => {
+    if (!domains[p]) return;
     const [lo, hi] = domains[p];
     const top = MARGIN.t + (1 - hi) * ph, bottom = MARGIN.t + (1 - lo) * ph;
     const cols = panel.traces.map((t) => t.column);

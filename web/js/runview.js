@@ -3,7 +3,7 @@
  * view and the player; owns follow-live, freeze and zoom state and keeps it in the URL.
  */
 
-import { downloadExport } from "./api.js";
+import { downloadExport, fetchScalars } from "./api.js";
 import { MainChart } from "./charts.js";
 import { downloadFigure, fileStem, runFigure } from "./exporting.js";
 import { count, setText } from "./format.js";
@@ -60,6 +60,7 @@ export class RunView {
     this.socket = new LiveSocket("/ws/live", { run: runId, max_points: maxPoints($("chart")) }, {
       snapshot: (f) => this.onSnapshot(f),
       steps: (f) => this.onSteps(f),
+      scalars: (f) => this.chart.addScalars(f.scalars),
       findings: (f) => this.setFindings(f.findings || []),
       run: (f) => this.setSummary(f.run),
       optimizer: (f) => this.onOptimizer(f.optimizer),
@@ -120,6 +121,9 @@ export class RunView {
     this.restored = true;
     if (first && this.findingKey) this.restoreFinding();
     await this.chart.load(this.series, this.range);
+    // Values the user logged: few, fetched whole; live `scalars` frames add to them.
+    fetchScalars(this.runId).then((sc) => this.chart.addScalars(sc))
+      .catch((e) => console.warn("gradwatch: logged values not loaded", e));
     // Zoomed (a reconnect, or a link with a window): fetch the window in full detail; the
     // selected finding's step is shown once it is in.
     if (this.range) this.refetch();

@@ -13,9 +13,12 @@ import { num, plottable } from "./format.js";
 
 /**
  * Plotted value columns of a Series -> the StepSeries column they come from. A new quantity
- * per step (loss, learning rate) is one entry here and one panel trace in panels.js.
+ * per step is one entry here and one panel trace in panels.js. `lr` holds a list per step
+ * (one learning rate per param group): the Series keeps the first group's.
  */
-export const VALUE_COLUMNS = { norm: "norm", fresh: "fresh_norm", drift: "drift" };
+export const VALUE_COLUMNS = {
+  norm: "norm", fresh: "fresh_norm", drift: "drift", loss: "loss", lr: "lr",
+};
 
 const COLUMNS = [
   "step", ...Object.keys(VALUE_COLUMNS), "stale", "leaked", "late", "discarded", "skipped",
@@ -112,7 +115,9 @@ export function ingest(ss, into) {
     if (!added.has(key)) added.set(key, { series: s, from: s.length });
     s.step.push(step);
     for (const [col, wire] of Object.entries(VALUE_COLUMNS)) {
-      s[col].push(ss[wire] ? plottable(ss[wire][i]) : null);
+      let v = ss[wire] ? ss[wire][i] : null;
+      if (Array.isArray(v)) v = v.length ? v[0] : null; // lr: the first param group's
+      s[col].push(plottable(v));
     }
     s.stale.push(ss.stale ? ss.stale[i] : 0);
     s.leaked.push(ss.leaked ? ss.leaked[i] : 0);

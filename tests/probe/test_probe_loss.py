@@ -1,0 +1,248 @@
+"""The loss and learning rate each step records with no code, and ``handle.log``: values
+compared with what the training loop itself computed."""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import gradwatch
+from gradwatch.probe import losses, records
+from gradwatch.steplog import read_log
+from gradwatch.wire import Scalars, Step
+from tests.probe.probe_helpers import loss_of, mlp
+
+
+def _steps(path: Path, opt: str | None = None) -> list[Step]:
+    return [r for r in read_log(path).records
+            if isinstance(r, Step) and (opt is None or r.opt == opt)]
+
+
+def test_loss_is_the_sum_of_the_steps_backwards_as_passed(tmp_path: Path) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    want: list[float] = []
+    lrs: list[float] = []
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl"):
+        for i in range(6):
+            opt.zero_grad()
+            accum = 1 if i < 2 else 3  # plain steps, then an accumulation window
+            total = 0.0
+            for j in range(accum):
+                loss = loss_of(model, 10 * i + j) / accum
+                loss.backward()
+                total += loss.item()
+            want.append(total)
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+    steps = _steps(tmp_path / "a.jsonl")
+    assert [s.loss for s in steps] == want  # the same float32 values, summed in order
+    assert [s.lr for s in steps] == [[x] for x in lrs]
+    assert lrs[0] != lrs[-1]  # the scheduler did change it
+
+
+def test_loss_is_the_value_at_backward_when_changed_in_place_later(tmp_path: Path) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    want = []
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl"):
+        running = None
+        for i in range(3):
+            opt.zero_grad()
+            loss = loss_of(model, i)
+            loss.backward()
+            want.append(loss.item())
+            if running is None:
+                running = loss.detach()  # shares storage with the loss ...
+            else:
+                running += loss.detach()  # ... which this changes in place
+            opt.step()
+    assert [s.loss for s in _steps(tmp_path / "a.jsonl")] == want
+
+
+def test_grad_scaler_root_is_read_before_scaling(tmp_path: Path) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    want = []
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl"):
+        for i in range(4):
+            opt.zero_grad()
+            loss = loss_of(model, i) / 2
+            scaler.scale(loss).backward()
+            loss2 = loss_of(model, 100 + i) / 2
+            scaler.scale(loss2).backward()
+            want.append(loss.item() + loss2.item())
+            scaler.step(opt)
+            scaler.update()
+    got = [s.loss for s in _steps(tmp_path / "a.jsonl")]
+    assert got == want
+
+
+def test_each_optimizer_gets_the_loss_of_its_own_backward(tmp_path: Path) -> None:
+    g, d = mlp(1), mlp(2, n_in=2, n_out=1)
+    g_opt = torch.optim.Adam(g.parameters(), lr=1e-3)
+    d_opt = torch.optim.SGD(d.parameters(), lr=0.05)
+    want: dict[str, list[float]] = {"G": [], "D": []}
+    with gradwatch.watch([g_opt, d_opt], names=["G", "D"], log=tmp_path / "a.jsonl"):
+        for _ in range(3):
+            x = torch.randn(8, 4)
+            d_opt.zero_grad()
+            d_loss = d(g(x).detach()).mean()
+            d_loss.backward()
+            d_opt.step()
+            g_opt.zero_grad()
+            g_loss = -d(g(x)).mean()
+            g_loss.backward()
+            g_opt.step()
+            want["D"].append(d_loss.item())
+            want["G"].append(g_loss.item())
+    path = tmp_path / "a.jsonl"
+    assert [s.loss for s in _steps(path, "D")] == want["D"]
+    assert [s.loss for s in _steps(path, "G")] == want["G"]
+    assert [s.lr for s in _steps(path, "G")] == [[1e-3]] * 3
+
+
+def test_non_scalar_roots_leave_the_loss_unknown_and_training_goes_on(tmp_path: Path) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl") as h:
+        for _ in range(2):
+            opt.zero_grad()
+            out = model(torch.randn(4, 4))
+            out.backward(torch.ones_like(out))  # a tensor root: no loss to speak of
+            opt.step()
+        opt.zero_grad()
+        loss = loss_of(model, 5)
+        loss.backward()
+        opt.step()
+        assert h.disabled is None
+    steps = _steps(tmp_path / "a.jsonl")
+    assert [s.loss is None for s in steps] == [True, True, False]
+
+
+def test_nan_loss_is_data(tmp_path: Path) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl"):
+        opt.zero_grad()
+        (loss_of(model, 0) * math.nan).backward()
+        opt.step()
+    (s,) = _steps(tmp_path / "a.jsonl")
+    assert s.loss is not None and math.isnan(s.loss)
+    assert '"loss":"NaN"' in (tmp_path / "a.jsonl").read_text()
+
+
+def test_tensor_and_missing_learning_rates() -> None:
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=torch.tensor(0.25))
+    assert losses.learning_rates(opt) == [0.25]
+    opt.param_groups[0]["lr"] = None
+    assert losses.learning_rates(opt) is None
+    opt.param_groups[0]["lr"] = "fast"
+    assert losses.learning_rates(opt) is None
+
+
+class _FakeEvent:
+    log: list[str] = []
+
+    def record(self, stream: Any = None) -> None:
+        self.log.append("record")
+
+    def synchronize(self) -> None:
+        self.log.append("synchronize")
+
+
+class _FakeCuda:
+    """A 0-dim CUDA tensor as the capture sees one; reading it on the device side fails."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+        self.device = torch.device("cuda", 0)
+        self.copies: list[tuple[Any, bool]] = []
+
+    def numel(self) -> int:
+        return 1
+
+    def is_floating_point(self) -> bool:
+        return True
+
+    def detach(self) -> _FakeCuda:
+        return self
+
+    def reshape(self, shape: Any) -> _FakeCuda:
+        return self
+
+    def item(self) -> float:
+        raise AssertionError("a device read on the training thread (a host-device sync)")
+
+    def to(self, device: Any, non_blocking: bool = False) -> torch.Tensor:
+        self.copies.append((device, non_blocking))
+        return torch.tensor(self.value)
+
+
+def test_cuda_root_is_copied_without_a_sync_and_read_by_the_writer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _FakeEvent.log = []
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
+    root = _FakeCuda(2.5)
+    value = losses.capture(root)  # the training thread: copy enqueued, event recorded
+    assert isinstance(value, losses.DeviceRead)
+    assert root.copies == [("cpu", True)]
+    assert _FakeEvent.log == ["record"]
+    got: list[float | None] = []
+    writer = threading.Thread(target=lambda: got.append(records.loss_of([value, 0.5])))
+    writer.start()
+    writer.join()
+    assert got == [3.0]
+    assert _FakeEvent.log == ["record", "synchronize"]  # waited on the writer thread only
+
+
+def test_scaled_cuda_root_copies_the_unscaled_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
+    scaled = torch.tensor(4096.0)
+    unscaled = _FakeCuda(4.0)
+    setattr(scaled, losses.UNSCALED, unscaled)
+    value = losses.capture(scaled)
+    assert isinstance(value, losses.DeviceRead) and unscaled.copies == [("cpu", True)]
+    assert records.loss_of([value]) == 4.0
+
+
+def test_handle_log_writes_scalars_at_the_latest_step(tmp_path: Path) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl") as h:
+        h.log(before=1)
+        for i in range(3):
+            opt.zero_grad()
+            loss_of(model, i).backward()
+            opt.step()
+            h.log(acc=i / 10, blowup=math.inf, t=torch.tensor(i))
+        h.log(step=10, val_loss=0.5)
+        with pytest.raises(TypeError, match="takes a number"):
+            h.log(acc="0.9")
+        with pytest.raises(TypeError, match="one real number"):
+            h.log(acc=torch.ones(3))
+        with pytest.raises(TypeError, match="int or None"):
+            h.log(step=2.0, acc=1)
+        with pytest.raises(ValueError, match="between 0"):
+            h.log(step=-1, acc=1)
+        with pytest.raises(TypeError, match="at least one"):
+            h.log()
+    h.log(after=1)  # closed: nothing, no error
+    got = [(r.step, r.opt, r.values) for r in read_log(tmp_path / "a.jsonl").records
+           if isinstance(r, Scalars)]
+    assert got == [(0, None, {"before": 1.0}),
+                   (0, "SGD#0", {"acc": 0.0, "blowup": math.inf, "t": 0.0}),
+                   (1, "SGD#0", {"acc": 0.1, "blowup": math.inf, "t": 1.0}),
+                   (2, "SGD#0", {"acc": 0.2, "blowup": math.inf, "t": 2.0}),
+                   (10, None, {"val_loss": 0.5})]
