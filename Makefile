@@ -26,6 +26,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/storage.py
+	$(BIN)/python bench/storage_server.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-artifacts

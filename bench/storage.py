@@ -13,8 +13,8 @@ and prints:
   (``steplog.read_log``) beside them for reference;
 - the reader's records per second over the 10k-step log.
 
-The server's part (data directory bytes per step after import, import records per second)
-is added by :func:`server_figures`.
+The server's part (data directory bytes per step after import, import records per second,
+a million-step run) is ``bench/storage_server.py``.
 
 Run: ``python bench/storage.py [--steps N] [--small N]``
 """
@@ -163,12 +163,6 @@ def log_figures(d: Path, steps: int, small: int) -> list[Figure]:
     return figures
 
 
-def server_figures(d: Path, logs: list[Path]) -> list[Figure]:
-    """The server's figures: data directory bytes per step after importing ``logs``, and
-    import records per second. Not measured yet (the storage rewrite adds them)."""
-    return []
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10_000, help="steps of the long log")
@@ -178,7 +172,6 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gradwatch-bench-storage-") as tmp:
         d = Path(tmp)
         figures = log_figures(d, args.steps, args.small)
-        figures += server_figures(d, [d / f"run{args.steps}.jsonl"])
     print(f"model: 10 x Linear(16, 16) (20 tensors), SGD, clean steps, norms every step; "
           f"{time.perf_counter() - started:.0f} s")
     width = max(len(f.name) for f in figures) + 2
