@@ -261,8 +261,12 @@ class Store:
         st = self._state(run_id)
         if st is None or st.status != "live":
             return None
+        try:
+            self._conn.execute("UPDATE runs SET status='interrupted' WHERE rid=?", (st.rid,))
+        except sqlite3.Error as e:  # a full disk: the run stays live until a write succeeds
+            log.error("marking run %s interrupted failed: %s", run_id, e)
+            return None
         st.status = "interrupted"
-        self._conn.execute("UPDATE runs SET status='interrupted' WHERE rid=?", (st.rid,))
         return st.summary()
 
     def delete(self, run_id: str) -> bool:
@@ -298,14 +302,18 @@ class Store:
 
         Raises:
             NameTaken: another run has that name.
+            StorageFailed: the disk refused the write (the name is unchanged).
         """
         st = self._state(run_id)
         if st is None:
             return None
         if name != st.name and self._name_taken(name):
             raise NameTaken(f"another run is already named '{name}'; pick another name")
+        try:
+            self._conn.execute("UPDATE runs SET name=? WHERE rid=?", (name, st.rid))
+        except sqlite3.Error as e:
+            raise StorageFailed(f"the server could not rename run {run_id} ({e})") from e
         st.name = name
-        self._conn.execute("UPDATE runs SET name=? WHERE rid=?", (name, st.rid))
         return st.summary()
 
     def free_id(self, wanted: str) -> str:

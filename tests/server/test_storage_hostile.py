@@ -4,6 +4,7 @@ a huge step number, a full disk, and a row an older release stored with ``t: NaN
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -155,3 +156,32 @@ def test_a_full_filesystem_refuses_the_batch_and_loses_nothing(small_fs: Path) -
     assert got is not None and [x.step for x in got.rows] == list(range(20_000))
     assert r.summary("run1").status == "finished"  # type: ignore[union-attr]
     r.close()
+
+
+class _FullDisk:
+    """A connection whose updates of ``runs`` fail as on a full disk."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql.startswith("UPDATE runs"):
+            raise sqlite3.OperationalError("database or disk is full")
+        return self.conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+def test_a_rename_or_an_interruption_on_a_full_disk_changes_nothing(store: Store,
+                                                                   tmp_path: Path) -> None:
+    store.call(store.ingest, batch(synth.records(steps=5, end=False)))
+    real = store._conn
+    store.call(lambda: setattr(store, "_conn", _FullDisk(real)))
+    with pytest.raises(StorageFailed, match="could not rename"):
+        store.call(store.rename, "run1", "renamed")
+    assert store.call(store.mark_interrupted, "run1") is None
+    store.call(lambda: setattr(store, "_conn", real))
+    summary = Reader(tmp_path).summary("run1")
+    assert summary is not None and summary.name != "renamed" and summary.status == "live"
+    assert store.call(store.rename, "run1", "renamed").name == "renamed"  # type: ignore[union-attr]
