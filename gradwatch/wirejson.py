@@ -38,6 +38,23 @@ def num(x: float) -> str:
     return '"Infinity"' if x > 0 else '"-Infinity"'
 
 
+_SHORT = 4
+"""Float lists this long or shorter are written as a JSON list where that is shorter than
+packed (one learning rate: ``[0.1]``, not ``"f64:mpmZmZmZuT8="``)."""
+
+
+def floats_text(xs: list[float | None]) -> str:
+    """A per-parameter (or per-group) float list in version 2: packed
+    (:func:`gradwatch.encoding.pack`), or a plain JSON list when it has at most
+    :data:`_SHORT` entries and that is shorter. Readers take either."""
+    packed = '"' + encoding.pack(xs) + '"'
+    if len(xs) <= _SHORT:
+        plain = "[" + ",".join("null" if x is None else num(x) for x in xs) + "]"
+        if len(plain) <= len(packed):
+            return plain
+    return packed
+
+
 def _value(x: Any) -> str:
     if x is None:
         return "null"
@@ -89,7 +106,7 @@ class ObjectJson:
             if (cls, name) in _RANGES:
                 text = _str(encoding.ranges(x))
             elif (cls, name) in _PACKED and x is not None:
-                text = _str(encoding.pack(x))
+                text = floats_text(x)
             else:
                 text = _value(x)
             parts.append(f'"{name}":{text}')
@@ -139,16 +156,16 @@ def step_text(s: Step) -> str:
         out.append(f'"drift":{_opt_num(drift)}')
     per, fresh = d["param_norms"], d["param_fresh_norms"]
     if per is not None:
-        out.append(f'"param_norms":"{encoding.pack(per)}"')
+        out.append(f'"param_norms":{floats_text(per)}')
     if not encoding.same_list(fresh, per):
         out.append('"param_fresh_norms":' + ("null" if fresh is None
-                                             else f'"{encoding.pack(fresh)}"'))
+                                             else floats_text(fresh)))
     if d["sites"] is not None:
         out.append('"sites":' + ObjectJson.encode(d["sites"]))
     if d["loss"] is not None:
         out.append(f'"loss":{num(d["loss"])}')
     if d["lr"] is not None:
-        out.append(f'"lr":"{encoding.pack(d["lr"])}"')
+        out.append(f'"lr":{floats_text(d["lr"])}')
     return ",".join(out) + "}"
 
 

@@ -209,3 +209,11 @@ def test_the_schema_documents_the_new_record_and_step_fields() -> None:
     schema = json.dumps(json_schema())
     assert '"scalars"' in schema and '"loss"' in schema and '"lr"' in schema
     assert json_schema()["protocol_version"] == 2
+
+
+def test_a_short_float_list_is_written_plain_where_that_is_shorter_and_reads_back() -> None:
+    s = Step(seq=1, t=1.0, opt="SGD#0", step=0, lr=[0.1], loss=0.5,
+             param_norms=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    for text in (step_text(s), ObjectJson.encode(s)):
+        assert '"lr":[0.1]' in text and '"param_norms":"f32:' in text
+        assert parse_record(text, PROTOCOL_VERSION) == s
