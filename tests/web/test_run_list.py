@@ -21,9 +21,13 @@ EVIL = "<b onmouseover=alert(1)>evil</b> & co"
 
 
 async def store(server: ServerProc, run: str, name: str, n: int, *, t: float,
-                missed: tuple[int, int] | None = None, end: bool = True) -> list[Any]:
-    """A run of ``n`` steps started at ``t`` (the list sorts by it); finished if ``end``."""
+                missed: tuple[int, int] | None = None, end: bool = True,
+                loss: bool = False) -> list[Any]:
+    """A run of ``n`` steps started at ``t`` (the list sorts by it); finished if ``end``;
+    with a loss of ``1 / (step + 1)`` if ``loss``."""
     sent = steps(n, missed=missed, t0=t)
+    if loss:
+        sent = [s.model_copy(update={"loss": 1.0 / (s.step + 1)}) for s in sent]
     recs = finished(run, name, sent)
     recs[0] = header(run, name, t=t)
     await ingest(server.ws, run, recs if end else recs[:-1])
@@ -112,7 +116,7 @@ async def _count(loc: Any, n: int) -> bool:
 async def test_compare_overlays_runs_on_one_step_axis_with_a_legend_naming_each(
         server: ServerProc, page: Page) -> None:
     a = await store(server, "ra", EVIL, 80, t=1_700_000_000.0, missed=(30, 50))
-    b = await store(server, "rb", "fixed run", 120, t=1_700_000_100.0)
+    b = await store(server, "rb", "fixed run", 120, t=1_700_000_100.0, loss=True)
     await page.goto(server.http + "/")
     await page.locator("#runs li").nth(1).wait_for()
     await page.locator("#runs li[data-run='ra'] input.pick").check()
@@ -147,10 +151,17 @@ async def _check_overlay(page: Page, a: list[Any], b: list[Any]) -> None:
             xs, ys = got[run]
             assert xs == [s.step for s in sent]
             assert ys == pytest.approx([getattr(s, field) for s in sent])
-    # one step axis: every trace on x, norm over drift
+    # the loss of the run that recorded one; none drawn for the other
+    got = await compared(page, "loss")
+    assert got["rb"] == ([s.step for s in b], pytest.approx([s.loss for s in b]))
+    assert set(got["ra"][1]) == {None}
+    # one step axis: every trace on x, norm over drift over loss
     axes = await page.evaluate("""Array.from(document.getElementById('compare-chart').data)
       .map(t => [t.meta.field, t.xaxis, t.yaxis])""")
-    assert {tuple(x) for x in axes} == {("norm", "x", "y"), ("drift", "x", "y2")}
+    assert {tuple(x) for x in axes} == {("norm", "x", "y"), ("drift", "x", "y2"),
+                                        ("loss", "x", "y3")}
+    legend = await page.locator("#compare-legend").text_content()
+    assert legend is not None and "bottom: loss" in legend
 
 
 async def test_the_run_its_zoom_finding_and_scale_survive_a_reload(

@@ -1,5 +1,5 @@
 /**
- * Runs side by side: two or more runs' ‖grad‖ and drift overlaid on one step axis, each
+ * Runs side by side: two or more runs' ‖grad‖, drift and loss overlaid on one step axis, each
  * run's verdict in a row above the chart. Each run keeps its own live socket, so a run
  * still training keeps drawing; zooming re-fetches every run's window.
  */

@@ -1,6 +1,6 @@
 /**
- * The compare figure: the compare traces of panels.js (‖grad‖ and drift) of several runs
- * overlaid on one step axis, a colour per run and a dash per optimizer within a run, with
+ * The compare figure: the compare traces of panels.js (‖grad‖, drift, and the loss where
+ * some run recorded one) of several runs overlaid on one step axis, a colour per run and a dash per optimizer within a run, with
  * an HTML legend naming each run.
  */
 
@@ -8,7 +8,7 @@ import { LiveFigure } from "./figure.js";
 import { el, plotText } from "./format.js";
 import { compareLayout, driftOneLine } from "./layout.js";
 import { lineItem } from "./legend.js";
-import { PANELS, panelTraces } from "./panels.js";
+import { PANELS, panelTraces, shownPanels } from "./panels.js";
 import { compact } from "./series.js";
 
 const COMPARED = PANELS.flatMap((p) => p.traces.filter((t) => t.compare));
@@ -50,8 +50,18 @@ export class CompareChart extends LiveFigure {
     return run.series.size > 1 ? `${run.name} · ${s.rank ? `rank ${s.rank} ` : ""}${s.opt}` : run.name;
   }
 
+  /** Per panel, whether the compare chart shows it: a compared panel, and an optional one
+   * (the loss) only where some run's series has a value for it. */
+  shown() {
+    const all = [...this.runs.values()].flatMap((run) => [...run.series.values()]);
+    const has = shownPanels(all);
+    return PANELS.map((p, i) => p.traces.some((t) => t.compare) && has[i]);
+  }
+
   buildTraces() {
     const out = [];
+    const shown = this.shown();
+    this.shownKey = shown.join();
     const optIndex = new Map();
     for (const [runId, key] of this.order) {
       const run = this.runs.get(runId);
@@ -64,13 +74,14 @@ export class CompareChart extends LiveFigure {
         meta: { run: runId, opt: s.opt, rank: s.rank, field: spec.field },
         line: { color: run.color, width: spec.width, dash: DASHES[k % DASHES.length] },
         hovertemplate: `${spec.hover}<extra>${name}</extra>`,
-      }), (spec) => spec.compare));
+      }), (spec) => spec.compare, shown));
     }
     return out;
   }
 
   buildLayout(range) {
-    return compareLayout({ logScale: this.logScale, range, shapes: [driftOneLine()] });
+    return compareLayout({ logScale: this.logScale, range, shapes: [driftOneLine()],
+      shown: this.shown() });
   }
 
   afterDraw() {
@@ -80,15 +91,18 @@ export class CompareChart extends LiveFigure {
       const k = this.order.slice(0, pos).filter(([id]) => id === runId).length;
       return lineItem(this, this.label(runId, s), this.runs.get(runId).color,
         ["solid", "dashed", "dotted", "dashed"][k % 4], traces,
-        "‖grad‖ (top) and drift (bottom) of this run");
+        "‖grad‖, drift and loss (top to bottom) of this run");
     });
-    items.push(el("span", { class: "lg muted" }, "top: ‖grad‖ · bottom: drift (dashed: drift = 1)"));
+    const loss = this.shown()[PANELS.findIndex((p) => p.key === "loss")];
+    items.push(el("span", { class: "lg muted" },
+      `top: ‖grad‖ · ${loss ? "middle" : "bottom"}: drift (dashed: drift = 1)` +
+      (loss ? " · bottom: loss" : "")));
     this.legend.replaceChildren(...items);
   }
 
   /** Rows were appended to a run's series (series.ingest's result). */
   appendRun(runId, added, created) {
-    if (created.length) {
+    if (created.length || this.shown().join() !== this.shownKey) { // a new series, or a loss
       const run = this.runs.get(runId);
       if (run) this.setRun(runId, run.name, run.series, run.color);
       this.redraw();

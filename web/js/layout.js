@@ -106,8 +106,7 @@ export function stripFraction(n, height) {
 }
 
 /** The compare chart's layout: the panels it compares only, the step axis under the last. */
-export function compareLayout({ logScale, range, shapes }) {
-  const shown = PANELS.map((p) => p.traces.some((t) => t.compare));
+export function compareLayout({ logScale, range, shapes, shown }) {
   const { layout } = base(logScale, 0, 78, shown);
   layout.xaxis.anchor = axisId(shown.lastIndexOf(true));
   layout.shapes = shapes;

@@ -39,7 +39,7 @@ export const PANELS = [
   {
     key: "loss", title: "loss", weight: 0.6, tozero: false, optional: true,
     traces: [
-      { field: "loss", column: "loss", label: "loss", width: 1.4, compare: false,
+      { field: "loss", column: "loss", label: "loss", width: 1.4, compare: true,
         hover: "loss %{y:.4g}",
         help: "Sum of the losses passed to backward() for this step, as passed (divided by " +
           "the accumulation count if the loop divides; before GradScaler's scaling)" },
