@@ -122,16 +122,21 @@ def many(srv: ServerProc, runs: int, ranks: int, steps_each: int, seconds: float
         latency(srv, 50, seconds, "many-live"))))
     watcher.start()
     time.sleep(1.0)  # the live clients are connected and the run is streaming
+    dt = _run_all(threads)
+    watcher.join()
+    stored = sum(srv.get(f"/api/runs/many{r}")["steps"] for r in range(runs))
+    assert stored == runs * ranks * steps_each, (stored, runs * ranks * steps_each)
+    return stored / dt, [x for a in acks for x in a], live
+
+
+def _run_all(threads: list[threading.Thread]) -> float:
+    """Start the threads, wait for them all; the seconds that took."""
     t = time.perf_counter()
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    dt = time.perf_counter() - t
-    watcher.join()
-    stored = sum(srv.get(f"/api/runs/many{r}")["steps"] for r in range(runs))
-    assert stored == runs * ranks * steps_each, (stored, runs * ranks * steps_each)
-    return stored / dt, [x for a in acks for x in a], live
+    return time.perf_counter() - t
 
 
 def throughput(srv: ServerProc, conns: int, steps_each: int, tag: str) -> float:
@@ -139,12 +144,7 @@ def throughput(srv: ServerProc, conns: int, steps_each: int, tag: str) -> float:
     work = [frames(f"{tag}-{c}", steps_each) for c in range(conns)]
     threads = [threading.Thread(target=send_all, args=(srv.ws + "/ws/ingest", w))
                for w in work]
-    t = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    dt = time.perf_counter() - t
+    dt = _run_all(threads)
     stored = sum(srv.get(f"/api/runs/{tag}-{c}")["steps"] for c in range(conns))
     assert stored == conns * steps_each, (stored, conns * steps_each)
     return stored / dt

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from apps import app_settings  # noqa: E402
 
 from gradwatch.server import Settings, create_app  # noqa: E402
+from gradwatch.server.storage import Store  # noqa: E402
 
 
 @pytest.fixture
@@ -25,3 +26,12 @@ def settings(tmp_path: Path) -> Settings:
 def client(settings: Settings) -> Iterator[TestClient]:
     with TestClient(create_app(settings)) as c:
         yield c
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """A started storage writer on ``tmp_path``, closed after the test."""
+    s = Store(tmp_path)
+    s.start()
+    yield s
+    s.close()

@@ -34,14 +34,6 @@ def steps(reader: Reader, run: str = "run1", **kw: Any) -> StepSeries:
     return StepSeries.model_validate_json(frame_json(StepSeries, **got.columns()))
 
 
-@pytest.fixture
-def store(tmp_path: Path):
-    s = Store(tmp_path)
-    s.start()
-    yield s
-    s.close()
-
-
 def test_resends_and_overlaps_store_each_record_once(store: Store, tmp_path: Path) -> None:
     recs = synth.records(steps=500, stale_from=300)
     feed(store, recs[:300])

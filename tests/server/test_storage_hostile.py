@@ -28,14 +28,6 @@ def batch(recs: list[Any], run: str = "run1") -> Any:
     return batch_of(IngestBatch(run=run, rank=0, records=recs))
 
 
-@pytest.fixture
-def store(tmp_path: Path):
-    s = Store(tmp_path)
-    s.start()
-    yield s
-    s.close()
-
-
 def test_a_step_resent_under_new_seqs_is_one_step(store: Store, tmp_path: Path) -> None:
     recs = synth.records(steps=30, end=False)
     store.call(store.ingest, batch(recs))
