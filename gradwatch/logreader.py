@@ -107,19 +107,8 @@ class LogReader:
     def _read_header(self) -> Header:
         first = next(self._lines(), None)
         if first is None:
-            raise StepLogError(self.path, None, "the step log is empty (no header line)")
-        line, raw = first
-        try:
-            rec = parse_record(raw, PROTOCOL_VERSION)
-        except ValidationError as e:
-            if not raw.lstrip().startswith(b"{"):
-                raise StepLogError(self.path, line, "not a gradwatch step log (line 1 is "
-                                                    "not JSON)") from e
-            raise StepLogError(self.path, line, _describe(e)) from e
-        if not isinstance(rec, Header):
-            raise StepLogError(self.path, line, f"the first line must be the header, found "
-                                                f"a '{rec.type}' record")
-        return rec
+            raise StepLogError(self.path, None, EMPTY)
+        return header_of(self.path, *first)
 
     def __iter__(self) -> Iterator[Any]:
         return (rec for _, rec in self.numbered())
@@ -143,35 +132,7 @@ class LogReader:
         yield from self._validated(block)
 
     def _validated(self, block: list[tuple[int, bytes]]) -> list[tuple[int, Any]]:
-        if not block:
-            return []
-        v = self.header.v
-        try:
-            records = RECORDS_ADAPTER.validate_json(
-                b"[" + b",".join(raw for _, raw in block) + b"]", context={"v": v})
-        except ValidationError:
-            records = []
-        if len(records) != len(block):  # a bad line: find it, one line at a time
-            records = [self._one(line, raw, v) for line, raw in block]
-        out = []
-        for (line, _), rec in zip(block, records, strict=True):
-            if isinstance(rec, Header):
-                raise StepLogError(self.path, line, "a second header: this file is two logs "
-                                                    "concatenated; split it into one file "
-                                                    "per run")
-            if rec is not None:
-                out.append((line, rec))
-        return out
-
-    def _one(self, line: int, raw: bytes, v: int) -> Any:
-        try:
-            return parse_record(raw, v)
-        except ValidationError as e:
-            if raw.endswith(b"\n"):  # only the last line can lack its newline
-                raise StepLogError(self.path, line, _describe(e)) from e
-            self.warnings.append(f"{self.path}:{line}: last line is truncated (the writer "
-                                 f"stopped mid-line); ignored it")
-            return None
+        return records_of(self.path, block, self.header.v, self.warnings)
 
     def close(self) -> None:
         """Close the file the reader opened (a file object given stays open)."""
@@ -184,6 +145,68 @@ class LogReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+EMPTY = "the step log is empty (no header line)"
+
+
+def header_of(name: str, line: int, raw: bytes) -> Header:
+    """A log's first non-blank line (number ``line``) as its header.
+
+    Raises:
+        StepLogError: it is not JSON, not a valid record, or not a header.
+    """
+    try:
+        rec = parse_record(raw, PROTOCOL_VERSION)  # a header reads the same at any version
+    except ValidationError as e:
+        if not raw.lstrip().startswith(b"{"):
+            raise StepLogError(name, line, "not a gradwatch step log (line 1 is not "
+                                           "JSON)") from e
+        raise StepLogError(name, line, _describe(e)) from e
+    if not isinstance(rec, Header):
+        raise StepLogError(name, line, f"the first line must be the header, found a "
+                                       f"'{rec.type}' record")
+    return rec
+
+
+def records_of(name: str, block: list[tuple[int, bytes]], v: int,
+               warnings: list[str]) -> list[tuple[int, Any]]:
+    """Numbered lines after the header, each with its newline, validated at version ``v``
+    in one call: ``(line, record)`` pairs. A line without its newline can only be the log's
+    last, cut short by a writer that stopped: if invalid it is skipped with a warning added
+    to ``warnings``.
+
+    Raises:
+        StepLogError: an invalid line, or a second header.
+    """
+    if not block:
+        return []
+    try:
+        records = RECORDS_ADAPTER.validate_json(
+            b"[" + b",".join(raw for _, raw in block) + b"]", context={"v": v})
+    except ValidationError:
+        records = []
+    if len(records) != len(block):  # a bad line: find it, one line at a time
+        records = [_one(name, line, raw, v, warnings) for line, raw in block]
+    out = []
+    for (line, _), rec in zip(block, records, strict=True):
+        if isinstance(rec, Header):
+            raise StepLogError(name, line, "a second header: this file is two logs "
+                                           "concatenated; split it into one file per run")
+        if rec is not None:
+            out.append((line, rec))
+    return out
+
+
+def _one(name: str, line: int, raw: bytes, v: int, warnings: list[str]) -> Any:
+    try:
+        return parse_record(raw, v)
+    except ValidationError as e:
+        if raw.endswith(b"\n"):  # only the last line can lack its newline
+            raise StepLogError(name, line, _describe(e)) from e
+        warnings.append(f"{name}:{line}: last line is truncated (the writer stopped "
+                        f"mid-line); ignored it")
+        return None
 
 
 def _maybe_gzip(raw: IO[bytes]) -> IO[bytes]:

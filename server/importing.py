@@ -5,9 +5,8 @@ get back batches of validated records ready for storage (:class:`~server.batch.B
 built here, off the writer thread). Memory holds one block of text and its records,
 however long the log. The rules are the step-log reader's: a header first and only
 first, every line a valid record (an error names the line and the field), a truncated
-*last* line tolerated with a warning, a log starting with gzip's magic bytes read through
-gzip. Records are parsed one line at a time with :func:`gradwatch.wire.parse_record`, at the
-version the header names. Plain module: no FastAPI.
+*last* line tolerated with a warning (:mod:`gradwatch.logreader`'s rules, called here), a
+log starting with gzip's magic bytes read through gzip. Plain module: no FastAPI.
 """
 
 from __future__ import annotations
@@ -16,22 +15,13 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-from pydantic import ValidationError
-
-from gradwatch.logreader import GZIP_MAGIC
+from gradwatch.logreader import EMPTY, GZIP_MAGIC, StepLogError, header_of, records_of
 from gradwatch.server.batch import Batch, batch_of_records
 from gradwatch.server.errors import InvalidLog
-from gradwatch.wire import Header, parse_record
+from gradwatch.wire import Header
 
 BLOCK_BYTES = 1 << 20
 """Text handed on at a time (a block ends at a line's end)."""
-
-
-def _describe(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(x) for x in first.get("loc", ()))
-    msg = first.get("msg", "invalid")
-    return f"{msg} (at {loc})" if loc else msg
 
 
 class LogBlocks:
@@ -46,8 +36,6 @@ class LogBlocks:
         self.name = name
         self.run = run
         self.header: Header | None = None
-        self._seen_v = 1
-        """The version of a header read in an earlier block (:func:`batch_of_lines`)."""
         self.warnings: list[str] = []
         self.lines = 0
         self._tail = b""
@@ -55,11 +43,6 @@ class LogBlocks:
         """The first bytes, until there are enough to tell a gzip stream."""
         self._gunzip: Any = None
         """A ``zlib`` decompressor once the log is known to be gzip-compressed; False: plain."""
-
-    @property
-    def v(self) -> int:
-        """The version records are read at: the header's (a header reads the same at any)."""
-        return self.header.v if isinstance(self.header, Header) else self._seen_v
 
     def _plain(self, data: bytes) -> bytes:
         if self._gunzip is None:
@@ -77,7 +60,7 @@ class LogBlocks:
             raise InvalidLog(f"{self.name}: the compressed log is corrupt ({e})") from None
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        """Take more bytes; the complete lines they end, numbered."""
+        """Take more bytes; the complete lines they end, numbered, each with its newline."""
         data = self._plain(data) if data else b""
         if not data:
             return []
@@ -91,50 +74,41 @@ class LogBlocks:
         for raw in data[:cut].split(b"\n"):
             self.lines += 1
             if raw.strip():
-                out.append((self.lines, raw))
+                out.append((self.lines, raw + b"\n"))
         return out
 
     def finish(self) -> list[tuple[int, bytes]]:
-        """The last line, if it did not end with a newline (possibly truncated)."""
+        """The last line, if it did not end with a newline (possibly truncated: it stays
+        without one, which is how the step-log rules tell it)."""
         if self._gunzip is None and self._start:  # shorter than gzip's magic: plain
             self._gunzip, self._tail = False, self._tail + self._start
         tail, self._tail = self._tail, b""
         if not tail.strip():
             return []
         self.lines += 1
-        return [(-self.lines, tail)]  # negative: the unterminated last line
+        return [(self.lines, tail)]
 
     def parse(self, lines: list[tuple[int, bytes]]) -> list[Any]:
-        """Validate numbered lines into records (the header replaced by its new id).
+        """Validate numbered lines into records by the step-log reader's rules
+        (:func:`gradwatch.logreader.header_of`, :func:`~gradwatch.logreader.records_of`),
+        the header replaced by its new id.
 
         Raises:
             InvalidLog: a line is not a valid record, or breaks the header rules.
         """
         out: list[Any] = []
-        for n, raw in lines:
-            last, n = n < 0, abs(n)
-            try:
-                rec = parse_record(raw, self.v)
-            except ValidationError as e:
-                if last and self.header is not None:
-                    self.warnings.append(f"{self.name}:{n}: last line is truncated (the "
-                                         f"writer stopped mid-line); ignored it")
-                    continue
-                if n == 1 and not raw.lstrip().startswith(b"{"):
-                    raise InvalidLog(f"{self.name}:{n}: not a gradwatch step log (line 1 "
-                                     f"is not JSON)") from None
-                raise InvalidLog(f"{self.name}:{n}: {_describe(e)}") from None
-            if isinstance(rec, Header):
-                if self.header is not None:
-                    raise InvalidLog(f"{self.name}:{n}: a second header: this file is two "
-                                     f"logs concatenated; split it into one file per run")
-                if self.run is not None:
-                    rec = rec.model_copy(update={"run": self.run})
-                self.header = rec
-            elif self.header is None:
-                raise InvalidLog(f"{self.name}:{n}: the first line must be the header, "
-                                 f"found a '{rec.type}' record")
-            out.append(rec)
+        try:
+            if self.header is None and lines:
+                (n, raw), lines = lines[0], lines[1:]
+                h = header_of(self.name, n, raw)
+                self.header = h if self.run is None else h.model_copy(update={"run": self.run})
+                out.append(self.header)
+            if lines:
+                assert self.header is not None
+                out += [r for _, r in records_of(self.name, lines, self.header.v,
+                                                 self.warnings)]
+        except StepLogError as e:
+            raise InvalidLog(str(e)) from None
         return out
 
     def batch(self, lines: list[tuple[int, bytes]]) -> Batch:
@@ -152,7 +126,7 @@ class LogBlocks:
     def check_end(self) -> None:
         """Raises :class:`InvalidLog` for a log without a header line (empty)."""
         if self.header is None:
-            raise InvalidLog(f"{self.name}: the step log is empty (no header line)")
+            raise InvalidLog(f"{self.name}: {EMPTY}")
 
 
 def batch_of_lines(name: str, lines: list[tuple[int, bytes]], run: str, rank: int,
@@ -163,13 +137,11 @@ def batch_of_lines(name: str, lines: list[tuple[int, bytes]], run: str, rank: in
     Raises:
         InvalidLog: as :meth:`LogBlocks.parse` (a header here is a second header).
     """
-    blocks = LogBlocks(name)
-    blocks.header, blocks._seen_v = _SEEN, v
-    return batch_of_records(run, rank, blocks.parse(lines))
-
-
-_SEEN: Any = object()
-"""Stands for a header read in an earlier block."""
+    try:
+        recs = [r for _, r in records_of(name, lines, v, [])]
+    except StepLogError as e:
+        raise InvalidLog(str(e)) from None
+    return batch_of_records(run, rank, recs)
 
 
 def file_blocks(fh: IO[bytes], size: int = BLOCK_BYTES) -> Iterator[bytes]:

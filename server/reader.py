@@ -26,7 +26,6 @@ from gradwatch.server.steptable import (
     FLAG_PFRESH_IS_PNORM,
     RECORD_SELECT,
     STEP_SELECT,
-    json_float,
     step_record,
     to_row,
     unpack_norms,
@@ -219,8 +218,7 @@ class Reader:
                     out.opt.append(opt)
                     out.step.append(step)
                     out.name.append(name)
-                    out.value.append(float(value) if not isinstance(value, str) else
-                                     json_float(value) or 0.0)
+                    out.value.append(value)  # json.dumps wrote NaN as NaN: a float
             return out
 
     def export_lines(self, run_id: str, rank: int = 0) -> Iterator[str] | None:

@@ -145,7 +145,8 @@ class Runs:
             else:  # later blocks: validated in the parser pool, several at once
                 assert blocks.header is not None
                 parsing.append(asyncio.ensure_future(self.parser.run(
-                    batch_of_lines, name, lines, run_id, blocks.header.rank, blocks.v)))
+                    batch_of_lines, name, lines, run_id, blocks.header.rank,
+                    blocks.header.v)))
             while len(parsing) > self.parser.workers:
                 await store_next()
 

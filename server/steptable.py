@@ -100,7 +100,7 @@ def unpack_norms(v: bytes | str | None) -> list[float | None] | None:
         a = array("f")
         a.frombytes(v)
         return a.tolist()  # type: ignore[return-value]
-    return [json_float(x) for x in json.loads(v)]
+    return [_json_float(x) for x in json.loads(v)]
 
 
 def _wire_float(x: float | None) -> Any:
@@ -109,7 +109,7 @@ def _wire_float(x: float | None) -> Any:
     return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
 
 
-def json_float(x: Any) -> float | None:
+def _json_float(x: Any) -> float | None:
     """A float read back from stored JSON, where NaN and infinities are strings."""
     if isinstance(x, str):
         return float(x.lower().replace("infinity", "inf"))
@@ -220,7 +220,7 @@ def step_record(opt: str, t: tuple[Any, ...]) -> dict[str, Any]:
     if loss is not None or flags & 32:
         d["loss"] = _NAN if flags & 32 else loss
     if lr is not None:
-        d["lr"] = [json_float(x) for x in json.loads(lr)]
+        d["lr"] = [_json_float(x) for x in json.loads(lr)]
     if detail is not None:
         d.update(json.loads(detail))
     return d
@@ -235,7 +235,7 @@ def to_row(t: tuple[Any, ...]) -> Row:
                _NAN if flags & 4 else t[6],
                t[8], t[9], t[10], t[11], bool(flags & FLAG_SKIPPED),
                resets_of(t[12]), _NAN if flags & NAN_BITS["loss"] else t[13],
-               None if t[14] is None else tuple(json_float(x) for x in json.loads(t[14])))
+               None if t[14] is None else tuple(_json_float(x) for x in json.loads(t[14])))
 
 
 @lru_cache(maxsize=4096)
