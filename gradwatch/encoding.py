@@ -191,32 +191,36 @@ def step_at_v1(data: dict[str, Any]) -> dict[str, Any]:
     Raises:
         FormError: a range or a packed array cannot be read; the message names the field.
     """
+    # Every import and ingest runs this once a step: one pass over the fields present
+    # (a clean step has few), not a lookup of every form.
     d = dict(data)
     k = ""
     try:
-        for k in INDEX_LISTS:
-            if isinstance(d.get(k), str):
-                d[k] = expand(d[k])
-        for k in PACKED:
-            if isinstance(d.get(k), str):
-                d[k] = unpack(d[k])
-        k = "resets"
-        resets = d.get(k)
-        if isinstance(resets, list):
-            d[k] = [{**r, "params": expand(r["params"])}
-                    if isinstance(r, dict) and isinstance(r.get("params"), str) else r
-                    for r in resets]
+        for k, x in data.items():
+            if x.__class__ is str:
+                if k in _INDEX_SET:
+                    d[k] = expand(x)
+                elif k in _PACKED_SET:
+                    d[k] = unpack(x)
+            elif k == "resets" and x.__class__ is list:
+                d[k] = [{**r, "params": expand(r["params"])}
+                        if r.__class__ is dict and r.get("params").__class__ is str else r
+                        for r in x]
     except FormError as e:
         raise FormError(f"{k}: {e}") from None
     for k, by in IMPLIED.items():
         if k not in d:
             same_as = d.get(by)
-            d[k] = list(same_as) if isinstance(same_as, list) else same_as
+            d[k] = list(same_as) if same_as.__class__ is list else same_as
     if "drift" not in d:
         norm, fresh = nonfinite(d.get("norm")), nonfinite(d["fresh_norm"])
         if _is_number(norm) and _is_number(fresh):
             d["drift"] = implied_drift(float(norm), float(fresh))
     return d
+
+
+_INDEX_SET = frozenset(INDEX_LISTS)
+_PACKED_SET = frozenset(PACKED)
 
 
 def _is_number(x: Any) -> bool:

@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
+from gradwatch.gcpause import gc_paused
 from gradwatch.wire import PROTOCOL_VERSION, RECORDS_ADAPTER, Header, parse_record
 
 
@@ -182,8 +183,9 @@ def records_of(name: str, block: list[tuple[int, bytes]], v: int,
     if not block:
         return []
     try:
-        records = RECORDS_ADAPTER.validate_json(
-            b"[" + b",".join(raw for _, raw in block) + b"]", context={"v": v})
+        with gc_paused():
+            records = RECORDS_ADAPTER.validate_json(
+                b"[" + b",".join(raw for _, raw in block) + b"]", context={"v": v})
     except ValidationError:
         records = []
     if len(records) != len(block):  # a bad line: find it, one line at a time

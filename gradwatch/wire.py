@@ -287,17 +287,6 @@ class Step(_Record):
                 raise ValueError(str(e)) from None
         return data
 
-    @field_validator("norm", "fresh_norm", "drift", "loss", mode="before")
-    @classmethod
-    def _nonfinite_from_strings(cls, v: Any) -> Any:
-        return encoding.nonfinite(v)
-
-    @field_validator("param_norms", "param_fresh_norms", "lr", mode="before")
-    @classmethod
-    def _nonfinite_list(cls, v: Any) -> Any:
-        if isinstance(v, list):
-            return [encoding.nonfinite(x) for x in v]
-        return v
 
 
 def _version(info: ValidationInfo) -> int:
@@ -385,13 +374,6 @@ class Scalars(_Record):
     values: dict[Annotated[str, Field(min_length=1, max_length=200)], float] = Field(
         max_length=1000)
     """Name → value; NaN and infinities are data."""
-
-    @field_validator("values", mode="before")
-    @classmethod
-    def _nonfinite_values(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: encoding.nonfinite(x) for k, x in v.items()}
-        return v
 
 
 class End(_Record):

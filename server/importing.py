@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from gradwatch.gcpause import gc_paused
 from gradwatch.logreader import EMPTY, GZIP_MAGIC, StepLogError, header_of, records_of
 from gradwatch.server.batch import Batch, batch_of_records
 from gradwatch.server.errors import InvalidLog
@@ -137,11 +138,12 @@ def batch_of_lines(name: str, lines: list[tuple[int, bytes]], run: str, rank: in
     Raises:
         InvalidLog: as :meth:`LogBlocks.parse` (a header here is a second header).
     """
-    try:
-        recs = [r for _, r in records_of(name, lines, v, [])]
-    except StepLogError as e:
-        raise InvalidLog(str(e)) from None
-    return batch_of_records(run, rank, recs)
+    with gc_paused():
+        try:
+            recs = [r for _, r in records_of(name, lines, v, [])]
+        except StepLogError as e:
+            raise InvalidLog(str(e)) from None
+        return batch_of_records(run, rank, recs)
 
 
 def file_blocks(fh: IO[bytes], size: int = BLOCK_BYTES) -> Iterator[bytes]:

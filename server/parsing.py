@@ -23,6 +23,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import Field, TypeAdapter, ValidationError
 
 from gradwatch.frames import Hello
+from gradwatch.gcpause import gc_paused
 from gradwatch.server.batch import Batch, batch_of
 from gradwatch.server.errors import InvalidFrame, UnreadableFrame
 from gradwatch.wire import IngestBatch
@@ -45,7 +46,8 @@ def parse_frame(text: str) -> Hello | Batch:
         InvalidFrame: it is not a valid frame (the reason names the first wrong field).
     """
     try:
-        frame = _FRAME.validate_json(text)
+        with gc_paused():
+            frame = _FRAME.validate_json(text)
     except ValidationError as e:
         err = e.errors()[0]
         if err.get("type") == "json_invalid":
@@ -58,7 +60,10 @@ def parse_frame(text: str) -> Hello | Batch:
         loc = ".".join(str(x) for x in err.get("loc", ()))
         raise InvalidFrame(f"invalid frame at {loc or 'top level'}: "
                            f"{err.get('msg', 'invalid')}") from None
-    return frame if isinstance(frame, Hello) else batch_of(frame)
+    if isinstance(frame, Hello):
+        return frame
+    with gc_paused():
+        return batch_of(frame)
 
 
 def exit_with_parent(parent: int) -> None:

@@ -139,16 +139,17 @@ def test_a_header_read_from_a_v1_log_is_written_again_at_version_2() -> None:
     assert json.loads(dump_record(log.header))["v"] == PROTOCOL_VERSION
 
 
-@pytest.mark.parametrize("name", ["probe_v1", "hand_v1"])
-def test_v1_logs_still_read_and_judge_as_they_did(name: str) -> None:
+@pytest.mark.parametrize("name", ["probe_v1", "hand_v1", "probe_v2", "hand_v2"])
+def test_older_logs_still_read_and_judge_as_they_did(name: str) -> None:
     path = FIXTURES / f"{name}.jsonl"
+    v = int(name[-1])
     log = read_log(path)
-    assert log.header.v == 1 and not log.warnings
+    assert log.header.v == v and not log.warnings
     lines = path.read_text().splitlines()[1:]
     for line, rec in zip(lines, log.records, strict=True):
-        assert _meaning(rec) == _meaning(parse_record(line, 1))
-        # and written again (at version 2) it reads back the same
-        assert _meaning(parse_record(dump_record(rec), 2)) == _meaning(rec)
+        assert _meaning(rec) == _meaning(parse_record(line, v))
+        # and written again (at today's version) it reads back the same
+        assert _meaning(parse_record(dump_record(rec), PROTOCOL_VERSION)) == _meaning(rec)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = check.main(["--json", str(path)])
