@@ -1,9 +1,9 @@
-"""The forms of protocol version 2: index ranges, packed float arrays, implied values.
+"""The forms of protocol versions 2 and 3: index ranges, packed float arrays, implied values.
 
-A version-2 step leaves out what a reader can rebuild (see ``docs/design.md``, "Versions")
-and packs what is bulky. This module owns both directions of each form, so the writer
-(:mod:`gradwatch.wirejson`) and the reader (:func:`step_at_v1`, which the models of
-:mod:`gradwatch.wire` call on a version-2 step) cannot disagree. It imports nothing of
+From version 2 a step leaves out what a reader can rebuild (see ``docs/design.md``,
+"Versions") and packs what is bulky. This module owns both directions of each form, so the
+writer (:mod:`gradwatch.wirejson`) and the reader (:func:`step_at_v1`, which the models of
+:mod:`gradwatch.wire` call on a step of version 2 or later) cannot disagree. It imports nothing of
 gradwatch.
 """
 
@@ -108,7 +108,8 @@ def expand(text: str) -> list[int]:
     return out
 
 
-def _is_f32(values: Sequence[float]) -> bool:
+def is_float32(values: Sequence[float]) -> bool:
+    """Every value is exactly a float32 (NaN and infinities are)."""
     try:
         a = array("f", values).tolist()
     except OverflowError:  # a finite value past float32's range
@@ -125,7 +126,7 @@ def pack(values: Sequence[float | None]) -> str:
     missing = [i for i, x in enumerate(values) if x is None] if None in values else []
     filled: list[float] = ([0.0 if x is None else x for x in values] if missing
                            else values)  # type: ignore[assignment]
-    kind = F32 if _is_f32(filled) else F64
+    kind = F32 if is_float32(filled) else F64
     a = array("f" if kind == F32 else "d", filled)
     if not _LITTLE:
         a.byteswap()
@@ -165,6 +166,19 @@ def unpack(text: str) -> list[float | None]:
     return out
 
 
+FLOAT32_DIGITS = 9
+"""Significant digits that tell every float32 from its neighbours."""
+
+
+def at_float32_precision(x: float) -> float:
+    """``x`` to :data:`FLOAT32_DIGITS` significant digits: what a quantity measured from
+    float32 values (a norm of float32 gradients, a float32 loss) carries. Its shortest text
+    (what a writer writes) has at most that many digits, where the float64 it is computed
+    in has 17; a float32 value comes back exact when rounded to float32. NaN and infinities
+    are kept."""
+    return float(f"{x:.9g}")
+
+
 def nonfinite(v: Any) -> Any:
     """``v``, or the float a JSON string for NaN or an infinity stands for (``"NaN"``,
     ``"Infinity"``, ``"-Infinity"``: how non-finite numbers travel)."""
@@ -181,12 +195,17 @@ PACKED = ("param_norms", "param_fresh_norms", "lr")
 """A step's per-parameter (or per-group) floats: written packed."""
 IMPLIED = {"fresh_norm": "norm", "param_fresh_norms": "param_norms"}
 """A step's fields left out when they equal the field named (``drift``: :func:`implied_drift`)."""
+IMPLIED_V3 = {"fresh": "consumed"}
+"""From version 3, also: ``fresh`` left out when it equals ``consumed`` (a clean step)."""
+DEFAULTS_V3 = {"backwards": 1}
+"""From version 3, a step's fields left out at these values instead of their defaults (a
+clean step has one backward)."""
 
 
-def step_at_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """A version-2 step's JSON object as version 1 writes it: implied values filled in,
-    ranges and packed arrays expanded; what is not a version-2 form is left for the model
-    to validate.
+def step_at_v1(data: dict[str, Any], v: int = 2) -> dict[str, Any]:
+    """A step's JSON object written at version ``v`` (2 or later) as version 1 writes it:
+    implied values filled in, ranges and packed arrays expanded; what is not a version-2
+    form is left for the model to validate.
 
     Raises:
         FormError: a range or a packed array cannot be read; the message names the field.
@@ -212,6 +231,12 @@ def step_at_v1(data: dict[str, Any]) -> dict[str, Any]:
         if k not in d:
             same_as = d.get(by)
             d[k] = list(same_as) if same_as.__class__ is list else same_as
+    if v >= 3:
+        for k, by in IMPLIED_V3.items():
+            if k not in d:
+                d[k] = d.get(by, 0)
+        for k, x in DEFAULTS_V3.items():
+            d.setdefault(k, x)
     if "drift" not in d:
         norm, fresh = nonfinite(d.get("norm")), nonfinite(d["fresh_norm"])
         if _is_number(norm) and _is_number(fresh):

@@ -17,7 +17,8 @@ parser accepts and which these models read back as floats.
 Records are written at :data:`PROTOCOL_VERSION` (:mod:`gradwatch.wirejson`); a line is read at
 the version it was written at, which the reader knows from outside the line (a log's
 header, a frame's ``v``): see :func:`parse_record`. Version 2 leaves out what it implies and
-packs per-parameter arrays (:mod:`gradwatch.encoding`).
+packs per-parameter arrays, version 3 also leaves out a clean step's counts
+(:mod:`gradwatch.encoding`).
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ from pydantic import (
 
 from gradwatch import encoding
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """The version records are written at; bumped on any change to how they are written."""
 
-SUPPORTED_VERSIONS = frozenset({1, 2})
+SUPPORTED_VERSIONS = frozenset({1, 2, 3})
 """The versions a reader reads (a contract: a log of any of them stays readable)."""
 
 FindingKind = Literal[
@@ -280,9 +281,9 @@ class Step(_Record):
     @model_validator(mode="before")
     @classmethod
     def _v2_forms(cls, data: Any, info: ValidationInfo) -> Any:
-        if isinstance(data, dict) and _version(info) >= 2:
+        if isinstance(data, dict) and (v := _version(info)) >= 2:
             try:
-                return encoding.step_at_v1(data)
+                return encoding.step_at_v1(data, v)
             except encoding.FormError as e:
                 raise ValueError(str(e)) from None
         return data

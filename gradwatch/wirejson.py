@@ -1,8 +1,9 @@
 """Records as JSON lines at the current protocol version (:data:`~gradwatch.wire.PROTOCOL_VERSION`).
 
-A step is written in the forms of version 2 (:mod:`gradwatch.encoding`): defaults and
-implied values left out, index lists as ranges, per-parameter arrays packed. Every other
-record is written whole, as version 1 wrote it, with its header saying version 2.
+A step is written in the forms of versions 2 and 3 (:mod:`gradwatch.encoding`): defaults
+and implied values left out, index lists as ranges, per-parameter arrays packed. Every
+other record is written whole, as version 1 wrote it, with its header saying the current
+version.
 
 Two writers of a step, one text: :class:`ObjectJson` walks any model's fields (the reference,
 and what a field added later falls back to); :func:`step_text` is the probe writer
@@ -22,10 +23,14 @@ from gradwatch.wire import Reset, Step, StepSites
 _Field = tuple[type[BaseModel], str]
 _RANGES: set[_Field] = {(Step, k) for k in encoding.INDEX_LISTS} | {(Reset, "params")}
 _PACKED: set[_Field] = {(Step, k) for k in encoding.PACKED}
-_IMPLIED: dict[_Field, str] = {(Step, k): by for k, by in encoding.IMPLIED.items()}
+_IMPLIED: dict[_Field, str] = {(Step, k): by for k, by in
+                               {**encoding.IMPLIED, **encoding.IMPLIED_V3}.items()}
+_DEFAULTS: dict[_Field, Any] = {(Step, k): x for k, x in encoding.DEFAULTS_V3.items()}
+"""Fields left out at a value other than the model's default."""
 _COMPACT = (Step, Reset, StepSites)
-"""Models written in version 2's forms (defaults left out); the others are written whole."""
+"""Models written in the compact forms (defaults left out); the others are written whole."""
 _str = json.JSONEncoder(ensure_ascii=False).encode
+_UNSET = object()
 
 
 def num(x: float) -> str:
@@ -44,7 +49,7 @@ packed (one learning rate: ``[0.1]``, not ``"f64:mpmZmZmZuT8="``)."""
 
 
 def floats_text(xs: list[float | None]) -> str:
-    """A per-parameter (or per-group) float list in version 2: packed
+    """A per-parameter (or per-group) float list since version 2: packed
     (:func:`gradwatch.encoding.pack`), or a plain JSON list when it has at most
     :data:`_SHORT` entries and that is shorter. Readers take either."""
     packed = '"' + encoding.pack(xs) + '"'
@@ -76,7 +81,7 @@ def _value(x: Any) -> str:
 
 
 class ObjectJson:
-    """The generic encoder: walks a model's fields in order and applies version 2's forms
+    """The generic encoder: walks a model's fields in order and applies the compact forms
     by the tables above."""
 
     @staticmethod
@@ -100,7 +105,9 @@ class ObjectJson:
                                                            values["fresh_norm"])):
                     continue
             elif name != "type" and not field.is_required():
-                default = field.get_default(call_default_factory=True)
+                default = _DEFAULTS.get((cls, name), _UNSET)
+                if default is _UNSET:
+                    default = field.get_default(call_default_factory=True)
                 if x == default and type(x) is type(default):
                     continue
             if (cls, name) in _RANGES:
@@ -135,7 +142,15 @@ def step_text(s: Step) -> str:
            f'"step":{d["step"]}']
     if d["skipped"]:
         out.append('"skipped":true')
-    for k in ("closure_evals", "backwards", "consumed", "fresh", "stale", "leaked"):
+    if d["closure_evals"]:
+        out.append(f'"closure_evals":{d["closure_evals"]}')
+    if d["backwards"] != 1:
+        out.append(f'"backwards":{d["backwards"]}')
+    if d["consumed"]:
+        out.append(f'"consumed":{d["consumed"]}')
+    if d["fresh"] != d["consumed"]:
+        out.append(f'"fresh":{d["fresh"]}')
+    for k in ("stale", "leaked"):
         if d[k]:
             out.append(f'"{k}":{d[k]}')
     for k in ("stale_params", "leaked_params", "late_params"):

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     import torch
 
+from gradwatch.encoding import at_float32_precision, is_float32
 from gradwatch.probe.facts import (
     Hits,
     JudgedStep,
@@ -163,6 +164,8 @@ def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: S
         per, fresh, norm, fresh_norm = host_norms(tally.norms)
         if norm is not None and fresh_norm:  # undefined when nothing fresh
             drift = norm / fresh_norm
+    if root_loss is not None and is_float32([root_loss]):  # a float32 loss: 9 digits
+        root_loss = at_float32_precision(root_loss)
     return trusted(Step, {
         "seq": seq, "t": t, "type": "step", "opt": opt, "step": step,
         "skipped": skipped, "closure_evals": tally.closure_evals,
@@ -236,8 +239,14 @@ def _listed(x: torch.Tensor | list[float]) -> list[Any]:
 
 def _total(xs: list[float]) -> float:
     """Norm of all parameters together: NaN where one is NaN (as the norm of the whole
-    gradient would be), else Inf where one is Inf."""
+    gradient would be), else Inf where one is Inf. To float32's precision when every part
+    is a float32 (:func:`gradwatch.encoding.at_float32_precision`): the parts carry no
+    more, and a log then holds 9 digits of it, not 17."""
     total = math.hypot(*xs)
     if total == math.inf and any(x != x for x in xs):
         return math.nan
-    return total
+    return _total_precision(total, xs)
+
+
+def _total_precision(total: float, parts: list[float]) -> float:
+    return at_float32_precision(total) if is_float32(parts) else total

@@ -1,4 +1,4 @@
-"""Protocol version 2: every record and field round-trips, v1 logs still read, and the
+"""Protocol versions 2 and 3: every record and field round-trips, older logs still read, and the
 probe's fast step writer writes what the generic encoder writes."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _every_record() -> list[BaseModel]:
     ]
 
 
-def test_every_record_and_field_round_trips_at_version_2() -> None:
+def test_every_record_and_field_round_trips_at_todays_version() -> None:
     records = _every_record()
     steps = [r for r in records if isinstance(r, Step)]
     for name, field in Step.model_fields.items():  # a field added later joins these samples
@@ -97,9 +97,25 @@ def test_a_clean_step_leaves_out_what_it_implies_and_packs_its_norms() -> None:
              param_fresh_norms=[0.5] * 20)
     raw = json.loads(dump_record(s))
     assert not {"fresh_norm", "drift", "param_fresh_norms", "skipped", "stale",
-                "stale_params", "sites", "loss", "lr"} & raw.keys()
+                "stale_params", "sites", "loss", "lr", "backwards", "fresh"} & raw.keys()
     assert raw["param_norms"].startswith("f32:") and raw["resets"][0]["params"] == "0-19"
-    assert parse_record(json.dumps(raw), 2) == s
+    assert parse_record(json.dumps(raw), PROTOCOL_VERSION) == s
+
+
+def test_version_3_leaves_out_a_clean_steps_counts_and_version_2_still_reads_zeros() -> None:
+    line = json.dumps({"seq": 1, "t": 1.0, "type": "step", "opt": "a", "step": 0,
+                       "consumed": 4})
+    at_v3, at_v2 = parse_record(line, 3), parse_record(line, 2)
+    assert (at_v3.backwards, at_v3.consumed, at_v3.fresh) == (1, 4, 4)
+    assert (at_v2.backwards, at_v2.consumed, at_v2.fresh) == (0, 4, 0)
+    # a step whose counts differ from those says so, and reads back the same
+    odd = Step(seq=2, t=1.0, opt="a", step=1, backwards=0, consumed=4, fresh=0, stale=4)
+    raw = json.loads(dump_record(odd))
+    assert raw["backwards"] == 0 and raw["fresh"] == 0
+    assert parse_record(dump_record(odd), 3) == odd
+    idle = Step(seq=3, t=1.0, opt="a", step=2, backwards=0)
+    assert json.loads(dump_record(idle))["backwards"] == 0
+    assert parse_record(dump_record(idle), 3) == idle
 
 
 def test_an_explicit_null_means_unknown_and_a_left_out_norm_what_it_implies() -> None:
@@ -126,14 +142,15 @@ def test_a_line_is_read_at_the_version_it_is_given_never_guessed() -> None:
 def test_an_ingest_batch_reads_its_records_at_its_own_version() -> None:
     records = _every_record()[1:]
     lines = [dump_record(r).encode() for r in records]
-    frame = IngestBatch.model_validate_json(batch_json("r", 0, 2, lines))
+    frame = IngestBatch.model_validate_json(batch_json("r", 0, PROTOCOL_VERSION, lines))
     assert [_meaning(r) for r in frame.records] == [_meaning(r) for r in records]
     with pytest.raises(ValidationError, match=r"records\.2"):  # the first packed step
         IngestBatch.model_validate_json(batch_json("r", 0, 1, lines))
-    assert json.loads(IngestBatch(run="r", records=[]).model_dump_json())["v"] == 2
+    assert (json.loads(IngestBatch(run="r", records=[]).model_dump_json())["v"]
+            == PROTOCOL_VERSION)
 
 
-def test_a_header_read_from_a_v1_log_is_written_again_at_version_2() -> None:
+def test_a_header_read_from_a_v1_log_is_written_again_at_todays_version() -> None:
     log = read_log(FIXTURES / "hand_v1.jsonl")
     assert log.header.v == 1
     assert json.loads(dump_record(log.header))["v"] == PROTOCOL_VERSION
@@ -203,13 +220,13 @@ def test_the_fast_step_writer_writes_what_the_generic_encoder_writes() -> None:
         s = _random_step(rng)
         text = step_text(s)
         assert text == ObjectJson.encode(s)
-        assert _meaning(parse_record(text, 2)) == _meaning(s)
+        assert _meaning(parse_record(text, PROTOCOL_VERSION)) == _meaning(s)
 
 
 def test_the_schema_documents_the_new_record_and_step_fields() -> None:
     schema = json.dumps(json_schema())
     assert '"scalars"' in schema and '"loss"' in schema and '"lr"' in schema
-    assert json_schema()["protocol_version"] == 2
+    assert json_schema()["protocol_version"] == PROTOCOL_VERSION
 
 
 def test_a_short_float_list_is_written_plain_where_that_is_shorter_and_reads_back() -> None:

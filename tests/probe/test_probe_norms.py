@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import struct
 from typing import Any
 
 import pytest
 import torch
 
-from tests.probe.probe_helpers import loss_of, mlp
+from tests.probe.probe_helpers import batch, loss_of, mlp
 
 
 def _norms(params: list[torch.Tensor]) -> list[float]:
@@ -246,3 +247,39 @@ def test_cpu_plan_slots_read_the_floor_kernels_values_to_the_edges_of_float32() 
     graphed_plan = cpuplan.CpuPlan.make(graphed)
     assert graphed_plan is not None and graphed_plan.read(graphed) is None
     assert graphed_plan.failed
+
+
+def _digits(x: float) -> int:
+    """Significant digits of ``x``'s shortest text."""
+    return len(repr(x).split("e")[0].replace(".", "").replace("-", "").lstrip("0"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scalars_are_recorded_to_the_precision_their_parts_carry(watched: Any,
+                                                                 dtype: torch.dtype) -> None:
+    m = mlp().to(dtype)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    losses: list[float] = []
+
+    def loop() -> None:
+        for i in range(4):
+            opt.zero_grad()
+            x, y = batch(i)
+            loss = ((m(x.to(dtype)) - y.to(dtype)) ** 2).mean()
+            losses.append(loss.item())
+            loss.backward()
+            opt.step()
+
+    r = watched(opt, loop)
+    steps = r.steps()
+    f32 = dtype == torch.float32
+    for s, loss in zip(steps, losses, strict=True):
+        assert s.norm == pytest.approx(_total(s.param_norms), rel=1e-8)
+        if f32:  # 9 digits: the float32 loss comes back exact when rounded to float32
+            assert _digits(s.norm) <= 9 and _digits(s.loss) <= 9
+            assert struct.unpack("f", struct.pack("f", s.loss))[0] == loss
+        else:  # a float64 model's figures keep every digit
+            assert s.loss == loss
+            assert s.norm == math.hypot(*s.param_norms)
+    if not f32:
+        assert max(_digits(s.norm) for s in steps) > 9

@@ -53,7 +53,8 @@ async def test_the_loss_of_a_zero_code_run_is_drawn_beside_the_drift(
     await wait_for(drawn, timeout=30)
     xs, ys = (await plotted(page, "loss"))["SGD#0"]
     assert xs == list(range(60))
-    assert ys == pytest.approx(want["loss"], rel=1e-12)  # what the loop passed to backward
+    # what the loop passed to backward, to float32's 9 digits where a sum is a float32 value
+    assert ys == pytest.approx(want["loss"], rel=1e-8)
     lr_x, lr_y = (await plotted(page, "lr"))["SGD#0"]
     assert lr_x == xs and lr_y == pytest.approx(want["lr"])
     norm_x, _ = (await plotted(page, "norm"))["SGD#0"]
