@@ -25,11 +25,14 @@ import argparse
 import asyncio
 import json
 import math
+import struct
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,7 @@ from websockets.asyncio.client import connect as aconnect
 from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gradwatch.encoding import at_float32_precision  # noqa: E402
 from gradwatch.frames import Ack, StepSeries, frame_json  # noqa: E402
 from gradwatch.wire import End, Header, IngestBatch, OptimizerInfo, Reset, Step  # noqa: E402
 from tests.serverproc import ServerProc  # noqa: E402
@@ -53,15 +57,22 @@ def records(run: str, n: int, t0: float = 1000.0) -> list[Any]:
                       params=[f"layer{i}.weight" for i in range(NPARAMS)],
                       shapes=[[64, 64]] * NPARAMS, groups=[0] * NPARAMS)]
     for i in range(n):
-        norm = 1.0 + 0.3 * math.sin(i / 50)
+        # As the probe records them: per-parameter norms are float32 values (norms of
+        # float32 gradients), their total has float32's 9 digits.
+        part = _f32((1.0 + 0.3 * math.sin(i / 50)) / NPARAMS)
+        norm = at_float32_precision(math.hypot(*[part] * NPARAMS))
         out.append(Step(seq=i + 2, t=t0 + i * 1e-3, opt="AdamW#0", step=i, backwards=1,
                         consumed=NPARAMS, fresh=NPARAMS,
                         resets=[Reset(how="optimizer_zero_grad", params=list(range(NPARAMS)))],
                         norm=norm, fresh_norm=norm, drift=1.0,
-                        param_norms=[norm / NPARAMS] * NPARAMS,
-                        param_fresh_norms=[norm / NPARAMS] * NPARAMS))
+                        param_norms=[part] * NPARAMS,
+                        param_fresh_norms=[part] * NPARAMS))
     out.append(End(seq=n + 2, t=t0 + n * 1e-3, steps=n))
     return out
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def frames(run: str, n: int, size: int = 1000) -> list[str]:
@@ -117,13 +128,13 @@ def many(srv: ServerProc, runs: int, ranks: int, steps_each: int, seconds: float
     acks: list[list[float]] = [[] for _ in work]
     threads = [threading.Thread(target=send_all, args=(srv.ws + "/ws/ingest", w, 4, a))
                for w, a in zip(work.values(), acks, strict=True)]
-    live: list[float] = []
-    watcher = threading.Thread(target=lambda: live.extend(asyncio.run(
-        latency(srv, 50, seconds, "many-live"))))
-    watcher.start()
-    time.sleep(1.0)  # the live clients are connected and the run is streaming
-    dt = _run_all(threads)
-    watcher.join()
+    # The live clients and their run's sender are a process of their own, as browsers are:
+    # in this one, 32 sending threads would hold their GIL and time themselves.
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        watcher = pool.submit(live_latencies, srv.ws, 50, seconds, "many-live")
+        time.sleep(3.0)  # the process is up, its clients connected and the run streaming
+        dt = _run_all(threads)
+        live = watcher.result()
     stored = sum(srv.get(f"/api/runs/many{r}")["steps"] for r in range(runs))
     assert stored == runs * ranks * steps_each, (stored, runs * ranks * steps_each)
     return stored / dt, [x for a in acks for x in a], live
@@ -150,14 +161,20 @@ def throughput(srv: ServerProc, conns: int, steps_each: int, tag: str) -> float:
     return stored / dt
 
 
-async def latency(srv: ServerProc, clients: int, seconds: float, run: str) -> list[float]:
-    """Seconds from sending a step to each live client receiving it."""
+def live_latencies(ws_base: str, clients: int, seconds: float, run: str) -> list[float]:
+    """:func:`latency` in a process of its own (a module-level function, for a pool)."""
+    return asyncio.run(latency(ws_base, clients, seconds, run))
+
+
+async def latency(ws_base: str, clients: int, seconds: float, run: str) -> list[float]:
+    """Seconds from sending a step to each live client receiving it (``ws_base``: the
+    server's ``ws://host:port``)."""
     rate, per_batch = 1000, 10
     n = int(rate * seconds)
     recs = records(run, n)
     sent_at: dict[int, float] = {}
     lat: list[float] = []
-    async with aconnect(srv.ws + "/ws/ingest", compression=None) as ing:
+    async with aconnect(ws_base + "/ws/ingest", compression=None) as ing:
         await ing.send(IngestBatch(run=run, records=recs[:2]).model_dump_json())
         await ing.recv()
 
@@ -168,7 +185,7 @@ async def latency(srv: ServerProc, clients: int, seconds: float, run: str) -> li
                 if m["type"] == "steps":
                     lat.extend(now - sent_at[s] for s in m["steps"]["step"])
 
-        lives = [await aconnect(srv.ws + f"/ws/live?run={run}", compression=None,
+        lives = [await aconnect(ws_base + f"/ws/live?run={run}", compression=None,
                                 max_size=None) for _ in range(clients)]
         for ws in lives:
             await ws.recv()  # snapshot
@@ -260,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ingest, 8 connections:  {eight:10,.0f} step records/s stored "
                   f"({a.steps // 8 * 8:,} records)", flush=True)
             for clients in (1, 50):
-                lat = asyncio.run(latency(srv, clients, a.seconds, f"lat{clients}"))
+                lat = asyncio.run(latency(srv.ws, clients, a.seconds, f"lat{clients}"))
                 got = len(lat) / max(1, int(1000 * a.seconds) * clients)
                 print(f"live latency, {clients:2d} client{'s' if clients > 1 else ' '} at "
                       f"1,000 steps/s: p50 {pct(lat, .5) * 1e3:6.1f} ms  p99 "

@@ -9,6 +9,7 @@ processes. Plain module: no FastAPI.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -66,15 +67,30 @@ def parse_frame(text: str) -> Hello | Batch:
         return batch_of(frame)
 
 
-def exit_with_parent(parent: int) -> None:
+COLLECT_EVERY = 30.0
+"""Seconds between a parser process's garbage collections (its collector is off between)."""
+
+
+def worker_init(parent: int) -> None:
     """In a parser process: exit when the server process is gone (even after kill -9), and
     leave Ctrl-C to the server (it reaches the whole process group; the server stops the
-    pool itself), so a stop prints no traceback per process."""
+    pool itself), so a stop prints no traceback per process.
+
+    The cycle collector is off here and runs every :data:`COLLECT_EVERY` seconds instead: a
+    parser makes only acyclic records, which refcounting frees, and with the collector on
+    each block's survivors were walked again and again (:mod:`gradwatch.gcpause`); what a
+    rare cycle holds (an error's traceback) waits for the next collection.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.disable()
 
     def watch() -> None:
+        last = time.monotonic()
         while os.getppid() == parent:
             time.sleep(1.0)
+            if time.monotonic() - last >= COLLECT_EVERY:
+                gc.collect()
+                last = time.monotonic()
         os._exit(0)
 
     threading.Thread(target=watch, name="gradwatch-parent-watch", daemon=True).start()
@@ -92,7 +108,7 @@ class FrameParser:
     def __init__(self, processes: int = 0):
         self._pool: Executor = (
             ProcessPoolExecutor(processes, mp_context=get_context("spawn"),
-                                initializer=exit_with_parent, initargs=(os.getpid(),))
+                                initializer=worker_init, initargs=(os.getpid(),))
             if processes > 0 else ThreadPoolExecutor(1, "gradwatch-parse"))
 
     def start(self) -> None:

@@ -133,20 +133,19 @@ class Runs:
 
         async def block(lines: list[tuple[int, bytes]]) -> None:
             nonlocal run_id
-            if run_id is None:  # the header's block: read here, the run made from it
-                recs = await asyncio.to_thread(blocks.parse, lines)
+            if run_id is None:  # the header line: read here, the run made from it
+                blocks.parse(lines[:1])
                 if blocks.header is None:
                     return
                 run_id = await self.write(self.store.import_start, blocks.header, display)
-                batch = await asyncio.to_thread(batch_of_records, run_id,
-                                                blocks.header.rank, recs[1:])
-                parsing.append(asyncio.get_running_loop().create_future())
-                parsing[-1].set_result(batch)
-            else:  # later blocks: validated in the parser pool, several at once
-                assert blocks.header is not None
-                parsing.append(asyncio.ensure_future(self.parser.run(
-                    batch_of_lines, name, lines, run_id, blocks.header.rank,
-                    blocks.header.v)))
+                lines = lines[1:]
+                if not lines:
+                    return
+            # every other line: validated in the parser pool, several blocks at once (the
+            # header's block too: this process stores while the pool parses)
+            assert blocks.header is not None
+            parsing.append(asyncio.ensure_future(self.parser.run(
+                batch_of_lines, name, lines, run_id, blocks.header.rank, blocks.header.v)))
             while len(parsing) > self.parser.workers:
                 await store_next()
 
