@@ -96,10 +96,10 @@ def _dir_bytes(d: Path) -> int:
 async def _import(data: Path, log: Path) -> tuple[str, int, float]:
     from gradwatch.server.importing import BLOCK_BYTES
     from gradwatch.server.runs import Runs
-    from gradwatch.server.settings import Settings
+    from gradwatch.server.settings import Settings, default_parse_processes
 
-    # The serve default: one parser process beside the event loop and the writer.
-    runs = Runs(Settings(data_dir=data, parse_processes=1))
+    # The serve default: its parser processes beside the event loop and the writer.
+    runs = Runs(Settings(data_dir=data, parse_processes=default_parse_processes()))
     runs.start()
 
     async def chunks() -> Any:

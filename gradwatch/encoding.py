@@ -87,6 +87,13 @@ def expand(text: str) -> list[int]:
     """
     if not text:
         return []
+    lo_text, dash, hi_text = text.partition("-")
+    if (lo_text.isdigit() and hi_text.isdigit() and text.isascii()
+            and len(lo_text) <= 19 and len(hi_text) <= 19):
+        # one range ("0-19", a whole optimizer's reset): the usual case, without the regex
+        lo, hi = int(lo_text), int(hi_text)
+        if lo <= hi and hi - lo < MAX_ITEMS:
+            return list(range(lo, hi + 1))
     bounds: list[tuple[int, int]] = []
     total = 0
     for part in text.split(","):
@@ -238,9 +245,12 @@ def step_at_v1(data: dict[str, Any], v: int = 2) -> dict[str, Any]:
         for k, x in DEFAULTS_V3.items():
             d.setdefault(k, x)
     if "drift" not in d:
-        norm, fresh = nonfinite(d.get("norm")), nonfinite(d["fresh_norm"])
-        if _is_number(norm) and _is_number(fresh):
-            d["drift"] = implied_drift(float(norm), float(fresh))
+        norm, fresh = d.get("norm"), d["fresh_norm"]
+        if norm.__class__ is not float or fresh.__class__ is not float:  # rare: the slow way
+            norm, fresh = nonfinite(norm), nonfinite(fresh)
+            if not (_is_number(norm) and _is_number(fresh)):
+                return d
+        d["drift"] = implied_drift(float(norm), float(fresh))
     return d
 
 

@@ -16,7 +16,12 @@ from pathlib import Path
 
 from gradwatch.cliargs import CommandParser
 from gradwatch.server.files import private_dir
-from gradwatch.server.settings import Settings, default_data_dir, is_loopback
+from gradwatch.server.settings import (
+    Settings,
+    default_data_dir,
+    default_parse_processes,
+    is_loopback,
+)
 
 log = logging.getLogger("gradwatch.server")
 
@@ -77,8 +82,9 @@ def _parser() -> CommandParser:
     p.add_argument("--ping-timeout", type=float, default=d.ping_timeout,
                    help="seconds a websocket may take to answer a ping before it is "
                         "dropped (default %(default)g)")
-    p.add_argument("--parse-processes", type=int, default=1,
-                   help="worker processes validating ingest frames (0: a thread)")
+    p.add_argument("--parse-processes", type=int, default=default_parse_processes(),
+                   help="worker processes validating ingest frames and imports (0: a "
+                        "thread; default: one per core, 2 to 4: %(default)s here)")
     p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                    help="extra browser origin allowed to open the sockets and send "
                         "writes (repeatable)")
