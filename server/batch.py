@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from gradwatch.frames import OptimizerView, RunSummary
-from gradwatch.server.rows import Row, row_from_step
-from gradwatch.server.steptable import StepCols, step_columns
+from gradwatch.server.rows import Row
+from gradwatch.server.steptable import StepCols, row_of, step_columns
 from gradwatch.verdict import has_finding_facts
 from gradwatch.wire import (
     AnyRecord,
@@ -42,19 +42,28 @@ class Entry:
         body: the record as one JSON line (stored as is; ``None`` fields left out); for
             a step, only where it carries a finding fact ("" otherwise: its columns are
             what is stored).
-        row: its step row, for step records.
         cols: its columns (:func:`server.steptable.step_columns`), for step records.
+        where: (rank, optimizer) of a step record.
     """
 
-    __slots__ = ("seq", "kind", "t", "body", "row", "cols", "_record", "_in_body")
+    __slots__ = ("seq", "kind", "t", "body", "cols", "where", "_row", "_record", "_in_body")
 
-    def __init__(self, seq: int, kind: RecordKind, t: float, body: str, row: Row | None,
+    def __init__(self, seq: int, kind: RecordKind, t: float, body: str,
                  record: RecordModel | None, in_body: bool = False,
-                 cols: StepCols | None = None):
-        self.seq, self.kind, self.t, self.body, self.row = seq, kind, t, body, row
-        self.cols = cols
+                 cols: StepCols | None = None, where: tuple[int, str] | None = None):
+        self.seq, self.kind, self.t, self.body = seq, kind, t, body
+        self.cols, self.where = cols, where
+        self._row: Row | None = None
         self._record = record
         self._in_body = in_body
+
+    @property
+    def row(self) -> Row | None:
+        """Its step row (for step records), made from its columns where it is first read:
+        on the storage writer, so a parser process neither builds nor sends one."""
+        if self._row is None and self.cols is not None and self.where is not None:
+            self._row = row_of(*self.where, self.cols)
+        return self._row
 
     @property
     def record(self) -> RecordModel | None:
@@ -66,8 +75,8 @@ class Entry:
     def __reduce__(self) -> tuple[type[Entry], tuple[Any, ...]]:
         # Across the parser processes' boundary a record travels as its JSON line only: a
         # line pickles for almost nothing, a model costs about what parsing it again does.
-        return Entry, (self.seq, self.kind, self.t, self.body, self.row, None,
-                       self._in_body or self._record is not None, self.cols)
+        return Entry, (self.seq, self.kind, self.t, self.body, None,
+                       self._in_body or self._record is not None, self.cols, self.where)
 
 
 class Batch(NamedTuple):
@@ -83,9 +92,9 @@ def entry(r: RecordModel, rank: int) -> Entry:
     if isinstance(r, Step):
         flagged = has_finding_facts(r)
         body = _json(r) if flagged else ""
-        return Entry(r.seq, "step", r.t, body, row_from_step(r, rank),
-                     r if flagged else None, cols=step_columns(r))
-    return Entry(r.seq, r.type, r.t, _json(r), None, r)
+        return Entry(r.seq, "step", r.t, body, r if flagged else None,
+                     cols=step_columns(r), where=(rank, r.opt))
+    return Entry(r.seq, r.type, r.t, _json(r), r)
 
 
 def _json(r: RecordModel) -> str:

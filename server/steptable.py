@@ -226,6 +226,24 @@ def step_record(opt: str, t: tuple[Any, ...]) -> dict[str, Any]:
     return d
 
 
+def row_of(rank: int, opt: str, c: StepCols) -> Row:
+    """The row of a step from its columns (:func:`step_columns`): what
+    :func:`server.rows.row_from_step` gives from the record, tests hold them equal."""
+    flags = c[6]
+    norm = _NAN if flags & 1 else c[3]
+    return Row(rank, opt, c[C_STEP], c[2], norm,
+               norm if flags & FLAG_FRESH_IS_NORM else _NAN if flags & 2 else c[4],
+               _NAN if flags & 4 else c[5], c[7], c[8], c[9], c[10],
+               bool(flags & FLAG_SKIPPED), resets_of(c[SUMMARY]),
+               _NAN if flags & NAN_BITS["loss"] else c[16], _lr_of(c[17]))
+
+
+@lru_cache(maxsize=256)
+def _lr_of(text: str | None) -> tuple[float | None, ...] | None:
+    """Learning rates as :func:`_json_norms` stored them (a run's few values repeat)."""
+    return None if text is None else tuple(_json_float(x) for x in json.loads(text))
+
+
 def to_row(t: tuple[Any, ...]) -> Row:
     """A row as :data:`STEP_SELECT` reads it, as a :class:`Row` (NaN restored)."""
     flags = t[7]
@@ -234,8 +252,7 @@ def to_row(t: tuple[Any, ...]) -> Row:
                _NAN if flags & 2 else t[5],
                _NAN if flags & 4 else t[6],
                t[8], t[9], t[10], t[11], bool(flags & FLAG_SKIPPED),
-               resets_of(t[12]), _NAN if flags & NAN_BITS["loss"] else t[13],
-               None if t[14] is None else tuple(_json_float(x) for x in json.loads(t[14])))
+               resets_of(t[12]), _NAN if flags & NAN_BITS["loss"] else t[13], _lr_of(t[14]))
 
 
 @lru_cache(maxsize=4096)

@@ -70,8 +70,8 @@ def _new_steps(conn: sqlite3.Connection, st: RunState, rank: int,
     out: list[tuple[int, Entry]] = []
     seen: set[tuple[int, int]] = set()
     for e in steps:
-        assert e.row is not None and e.cols is not None
-        sid = st.series(conn, rank, e.row.opt)
+        assert e.where is not None and e.cols is not None
+        sid = st.series(conn, rank, e.where[1])
         step = e.cols[C_STEP]
         if step > st.last_step.get(sid, -1):  # above every stored step: new for sure
             st.last_step[sid] = step

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shutil
 import sqlite3
 import stat
@@ -21,8 +22,11 @@ from gradwatch.server import create_app, db
 from gradwatch.server.batch import batch_of_records
 from gradwatch.server.errors import NewerDatabase
 from gradwatch.server.reader import Reader
+from gradwatch.server.rows import row_from_step
+from gradwatch.server.steptable import row_of, step_columns
 from gradwatch.server.storage import Store
 from gradwatch.wire import PROTOCOL_VERSION, Reset, Scalars, Step, StepSites, parse_record
+from tests.core.test_wire_v2 import _random_step
 
 FIXTURE = Path(__file__).parent / "fixtures" / "release-current.db"
 
@@ -168,3 +172,11 @@ def test_keep_param_norms_every_n_keeps_what_plots_need(tmp_path: Path) -> None:
     assert math.isnan(p.norm[p.step.index(55)][0])
     steps = Reader(tmp_path).steps("run1", max_points=1000)
     assert steps is not None and len(steps.rows) == 100  # the steps themselves all stay
+
+
+def test_a_row_made_from_the_columns_is_the_row_of_the_record() -> None:
+    rng = random.Random(3)
+    steps = [every_field_step(2, 0), *(_random_step(rng) for _ in range(400))]
+    for s in steps:
+        want, got = row_from_step(s, 3), row_of(3, s.opt, step_columns(s))
+        assert repr(got) == repr(want), (s, got, want)  # repr: NaN equals NaN
