@@ -9,6 +9,7 @@ processes. Plain module: no FastAPI.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -67,6 +68,8 @@ def parse_frame(text: str) -> Hello | Batch:
         return batch_of(frame)
 
 
+PARSER_NICE = 10
+"""How much lower a parser process's scheduling priority is than the server's."""
 COLLECT_EVERY = 30.0
 """Seconds between a parser process's garbage collections (its collector is off between)."""
 
@@ -83,6 +86,8 @@ def worker_init(parent: int) -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.disable()
+    with contextlib.suppress(OSError):  # bulk work: the server process (live frames, acks,
+        os.nice(PARSER_NICE)            # storage) runs first when the cores are short
 
     def watch() -> None:
         last = time.monotonic()
