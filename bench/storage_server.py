@@ -109,7 +109,7 @@ async def _import(data: Path, log: Path) -> tuple[str, int, float]:
                 yield b
 
     try:
-        await runs.parser.run(len, b"")  # a server's parser process is up before imports
+        await runs.parser.started()  # a server's parser processes are up before imports
         t = time.perf_counter()
         run_id, n, _ = await runs.import_stream(chunks(), log.name)
         dt = time.perf_counter() - t

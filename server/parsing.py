@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Annotated, Any, TypeVar
@@ -115,11 +115,20 @@ class FrameParser:
             ProcessPoolExecutor(processes, mp_context=get_context("spawn"),
                                 initializer=worker_init, initargs=(os.getpid(),))
             if processes > 0 else ThreadPoolExecutor(1, "gradwatch-parse"))
+        self._warm: list[Future[Any]] = []
 
     def start(self) -> None:
-        """Warm the worker processes up (they import the wire models on first use)."""
+        """Start every worker process and warm it up (they import the wire models on first
+        use): submitted together, no worker is idle yet, so the pool starts one each."""
         if isinstance(self._pool, ProcessPoolExecutor):
-            self._pool.submit(parse_frame, Hello(run="warm-up").model_dump_json())
+            hello = Hello(run="warm-up").model_dump_json()
+            self._warm = [self._pool.submit(parse_frame, hello) for _ in range(self.workers)]
+
+    async def started(self) -> None:
+        """Once the workers :meth:`start` warmed up are ready (nothing to wait for in a
+        thread)."""
+        for fut in self._warm:
+            await asyncio.wrap_future(fut)
 
     async def parse(self, text: str) -> Hello | Batch:
         """:func:`parse_frame`, in the pool unless the frame is small.
