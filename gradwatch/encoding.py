@@ -209,7 +209,7 @@ DEFAULTS_V3 = {"backwards": 1}
 clean step has one backward)."""
 
 
-def step_at_v1(data: dict[str, Any], v: int = 2) -> dict[str, Any]:
+def step_at_v1(data: dict[str, Any], v: int) -> dict[str, Any]:
     """A step's JSON object written at version ``v`` (2 or later) as version 1 writes it:
     implied values filled in, ranges and packed arrays expanded; what is not a version-2
     form is left for the model to validate.

@@ -289,7 +289,6 @@ class Step(_Record):
         return data
 
 
-
 def _version(info: ValidationInfo) -> int:
     """The version the input was written at: the validation context's ``v``. Without one
     (a model built in Python, pydantic's own JSON) 1: every field left out takes its

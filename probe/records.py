@@ -245,8 +245,4 @@ def _total(xs: list[float]) -> float:
     total = math.hypot(*xs)
     if total == math.inf and any(x != x for x in xs):
         return math.nan
-    return _total_precision(total, xs)
-
-
-def _total_precision(total: float, parts: list[float]) -> float:
-    return at_float32_precision(total) if is_float32(parts) else total
+    return at_float32_precision(total) if is_float32(xs) else total

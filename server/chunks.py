@@ -27,7 +27,10 @@ def summarise(conn: sqlite3.Connection, sid: int, chunk: int, rows: list[Row]) -
     """Write the ``step_agg`` row of one chunk of series ``sid`` from its rows."""
     if not rows:
         return
-    conn.execute(_INSERT, (sid, chunk, *agg_values(Bucket.of_rows(rows), len(rows))))
+    b = Bucket()
+    for r in rows:
+        b.add_row(r)
+    conn.execute(_INSERT, (sid, chunk, *agg_values(b, len(rows))))
 
 
 def rebuild(conn: sqlite3.Connection) -> int:

@@ -21,7 +21,7 @@ the rule (``web/js/series.js``) is tested against the same fixture.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from gradwatch.server.rows import Row, must_keep, reset_sig
 
@@ -101,30 +101,6 @@ class Bucket:
         """Count one row."""
         self.add(r.step, r.norm, r.drift, must_keep(r), reset_sig(r.resets))
 
-    @classmethod
-    def of_rows(cls, rows: Sequence[Row]) -> Bucket:
-        """The bucket of ``rows`` (distinct steps, any order): what :meth:`add_row` on each
-        gives, a column at a time. The storage writer summarises every chunk it stores
-        this way; row by row it was half of the writer's time."""
-        b = cls()
-        b.lo_norm, b.hi_norm = _extremes([(r.norm, r.step) for r in rows])
-        b.lo_drift, b.hi_drift = _extremes([(r.drift, r.step) for r in rows])
-        b.flag = min((r.step for r in rows if must_keep(r)), default=None)
-        sig_of: dict[tuple[tuple[str, int], ...], str] = {}
-        sigs = b.sigs
-        for r in rows:
-            sig = sig_of.get(r.resets)
-            if sig is None:
-                sig = sig_of[r.resets] = reset_sig(r.resets)
-            seen = sigs.get(sig)
-            if seen is None:
-                sigs[sig] = [1, r.step]
-            else:
-                seen[0] += 1
-                if r.step < seen[1]:
-                    seen[1] = r.step
-        return b
-
     def merge(self, other: Bucket) -> None:
         """Count every row ``other`` counted (a bucket of disjoint rows)."""
         if other.lo_norm is not None and _lower(self.lo_norm, *other.lo_norm):
@@ -162,19 +138,6 @@ class Bucket:
         return out
 
 
-def _extremes(values: list[tuple[float | None, int]]) -> tuple[Extreme | None, Extreme | None]:
-    """The min and max finite value of (value, step) pairs, each at its earliest step."""
-    finite = [(v, s) for v, s in values if v is not None and v - v == 0.0]
-    if not finite:
-        return None, None
-    hi = max(v for v, _ in finite)
-    return min(finite), min((x for x in finite if x[0] == hi), key=_step)
-
-
-def _step(x: Extreme) -> int:
-    return x[1]
-
-
 def downsample(rows: Iterable[Row], max_points: int, align: int = 1
                ) -> tuple[list[Row], int]:
     """Downsample rows of any (rank, opt) mix to at most ``max_points`` rows per series.
@@ -197,10 +160,12 @@ def downsample(rows: Iterable[Row], max_points: int, align: int = 1
             continue
         size = bucket_size(rs[0].step, rs[-1].step, max_points, align)
         largest = max(largest, size)
-        groups: dict[int, list[Row]] = {}
+        buckets: dict[int, Bucket] = {}
         for r in rs:
-            groups.setdefault(r.step // size, []).append(r)
-        keep = {rs[0].step, rs[-1].step}.union(
-            *(Bucket.of_rows(g).kept() for g in groups.values()))
+            b = buckets.get(r.step // size)
+            if b is None:
+                b = buckets[r.step // size] = Bucket()
+            b.add_row(r)
+        keep = {rs[0].step, rs[-1].step}.union(*(b.kept() for b in buckets.values()))
         out.extend(r for r in rs if r.step in keep)
     return out, largest

@@ -50,6 +50,7 @@ def parse_frame(text: str) -> Hello | Batch:
     try:
         with gc_paused():
             frame = _FRAME.validate_json(text)
+            return frame if isinstance(frame, Hello) else batch_of(frame)
     except ValidationError as e:
         err = e.errors()[0]
         if err.get("type") == "json_invalid":
@@ -62,10 +63,6 @@ def parse_frame(text: str) -> Hello | Batch:
         loc = ".".join(str(x) for x in err.get("loc", ()))
         raise InvalidFrame(f"invalid frame at {loc or 'top level'}: "
                            f"{err.get('msg', 'invalid')}") from None
-    if isinstance(frame, Hello):
-        return frame
-    with gc_paused():
-        return batch_of(frame)
 
 
 PARSER_NICE = 10

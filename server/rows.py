@@ -14,7 +14,6 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from gradwatch.verdict import FINDING_FACTS, carries_facts
-from gradwatch.wire import Step
 
 
 class Row(NamedTuple):
@@ -41,14 +40,6 @@ class Row(NamedTuple):
     """The step's loss (``Step.loss``); None when unknown."""
     lr: tuple[float | None, ...] | None = None
     """Each param group's learning rate (``Step.lr``); None when unknown."""
-
-
-def row_from_step(s: Step, rank: int) -> Row:
-    """The row of one validated step record."""
-    return Row(rank, s.opt, s.step, s.t, s.norm, s.fresh_norm, s.drift, s.stale, s.leaked,
-               len(s.late_params), s.discarded, s.skipped,
-               tuple((r.how, len(r.params)) for r in s.resets), s.loss,
-               None if s.lr is None else tuple(s.lr))
 
 
 KEEP_NONFINITE = ("norm", "drift")

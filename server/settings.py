@@ -91,7 +91,7 @@ class Settings:
 
 def default_parse_processes() -> int:
     """``gradwatch serve``'s parser processes: one per core, two to four. Validation is the
-    costliest part of ingest and import; with two parsers a 2-core machine imported a step
-    log at about 45,000 records/s where one gave about 37,000 (the server process itself
-    needs a third of a parser's time). Idle parsers only sleep."""
+    costliest part of ingest and import, and the server process needs far less than a core
+    of its own, so even a 2-core machine imports faster with two (``bench/storage_server.py``).
+    Idle parsers only sleep."""
     return max(2, min(4, os.cpu_count() or 2))

@@ -227,8 +227,8 @@ def step_record(opt: str, t: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def row_of(rank: int, opt: str, c: StepCols) -> Row:
-    """The row of a step from its columns (:func:`step_columns`): what
-    :func:`server.rows.row_from_step` gives from the record, tests hold them equal."""
+    """The row of a step from its columns (:func:`step_columns`): equal to the row read
+    off the record's fields (a test holds them so)."""
     flags = c[6]
     norm = _NAN if flags & 1 else c[3]
     return Row(rank, opt, c[C_STEP], c[2], norm,

@@ -48,6 +48,14 @@ def closed_with(url: str, frames: list[str]) -> tuple[int | None, str]:
     return (rcvd.code, rcvd.reason) if rcvd is not None else (None, "")
 
 
+def streaming(srv: ServerProc, log: Path, run: str, **kw: Any) -> Streamer:
+    """A probe's streamer of ``log`` into ``srv``, with the log's own key, started."""
+    s = Streamer(srv.ws, log, run, key=own_key(log), **kw)
+    s.start()
+    s.notify()
+    return s
+
+
 def wait(cond: Any, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -60,9 +68,7 @@ def test_a_stranger_cannot_end_or_advance_a_streaming_run(tmp_path: Path) -> Non
     log = tmp_path / "owned.jsonl"
     log.write_text(synth.log_text(recs[:100]))
     with ServerProc(tmp_path / "data") as srv:
-        s = Streamer(srv.ws, log, "owned", key=own_key(log))
-        s.start()
-        s.notify()
+        s = streaming(srv, log, "owned")
         wait(lambda: s.stats()["acked_seq"] == 99)
         end = IngestBatch(run="owned", records=[End(seq=100, t=1001.0)]).model_dump_json()
         far = IngestBatch(run="owned", records=[synth.step(10**6, 10**6)]).model_dump_json()
@@ -86,9 +92,7 @@ def test_replay_resume_proves_ownership_with_the_log_key(tmp_path: Path) -> None
     log = tmp_path / "run.jsonl"
     log.write_text(synth.log_text(recs[:50]))
     with ServerProc(tmp_path / "data") as srv:
-        s = Streamer(srv.ws, log, "resumed", key=own_key(log))
-        s.start()
-        s.notify()
+        s = streaming(srv, log, "resumed")
         s.close(timeout=20)
         assert s.stats()["acked_seq"] == 49
         log.write_text(synth.log_text(recs))
@@ -111,9 +115,7 @@ def test_a_spool_gap_holds_the_ack_without_stalling_the_streamer(tmp_path: Path)
     log = tmp_path / "holed.jsonl"
     log.write_text("\n".join(lines) + "\n")
     with ServerProc(tmp_path / "data") as srv:
-        s = Streamer(srv.ws, log, "holed", key=own_key(log), max_records=10)
-        s.start()
-        s.notify()
+        s = streaming(srv, log, "holed", max_records=10)
         t = time.monotonic()
         s.close(timeout=15)
         assert time.monotonic() - t < 5  # every batch was acked: nothing waits on the gap

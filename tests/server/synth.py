@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gradwatch.server.rows import Row
 from gradwatch.wire import End, Header, IngestBatch, OptimizerInfo, Reset, Step
 
 
@@ -54,3 +55,12 @@ def batches(recs: list[Any], run: str = "run1", rank: int = 0, size: int = 20) -
 
 def log_text(recs: list[Any]) -> str:
     return "".join(r.model_dump_json() + "\n" for r in recs)
+
+
+def row_from_step(s: Step, rank: int) -> Row:
+    """The row of a step record, read off its fields: what the server makes from its
+    columns (``steptable.row_of``) must equal this."""
+    return Row(rank, s.opt, s.step, s.t, s.norm, s.fresh_norm, s.drift, s.stale, s.leaked,
+               len(s.late_params), s.discarded, s.skipped,
+               tuple((r.how, len(r.params)) for r in s.resets), s.loss,
+               None if s.lr is None else tuple(s.lr))

@@ -20,7 +20,7 @@ import pytest
 from gradwatch.frames import StepSeries
 from gradwatch.server import db
 from gradwatch.server.batch import batch_of_records
-from gradwatch.server.downsampling import Bucket, downsample
+from gradwatch.server.downsampling import downsample
 from gradwatch.server.reader import Reader
 from gradwatch.server.rows import Row, must_keep
 from gradwatch.server.steptable import FACTS_SQL, MUST_KEEP_SQL
@@ -177,22 +177,3 @@ def test_summaries_of_an_older_version_are_rebuilt(tmp_path: Path) -> None:
     got = r.steps("alpha", opt="Adam#0", rank=0, max_points=3)
     assert every is not None and got is not None and got.bucket >= db.CHUNK
     assert_same_rows(got.rows, downsample(every.rows, 3, align=db.CHUNK)[0])
-
-
-def test_a_bucket_of_rows_at_once_is_the_bucket_of_each_row_added() -> None:
-    rng = random.Random(7)
-    values = [None, math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, 2.5, 2.5, 1e-30]
-    resets = [(), (("optimizer_zero_grad", 4),), (("set_none", 1), ("zero_", 2))]
-    for _ in range(300):
-        steps = rng.sample(range(1000), rng.randint(1, 40))  # distinct, in any order
-        rows = [Row(0, "a", s, 0.0, rng.choice(values), None, rng.choice(values),
-                    rng.choice([0, 0, 0, 2]), 0, rng.choice([0, 0, 1]), 0,
-                    rng.random() < 0.05, rng.choice(resets)) for s in steps]
-        one_by_one = Bucket()
-        for r in rows:
-            one_by_one.add_row(r)
-        at_once = Bucket.of_rows(rows)
-        for f in Bucket.__slots__:
-            a, b = getattr(at_once, f), getattr(one_by_one, f)
-            assert repr(a) == repr(b), (f, a, b)  # repr: -0.0 is not 0.0
-        assert list(at_once.sigs) == list(one_by_one.sigs)  # stored as JSON, in this order

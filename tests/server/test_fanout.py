@@ -13,11 +13,10 @@ import synth
 from gradwatch.frames import RunSummary
 from gradwatch.server import fanout
 from gradwatch.server.fanout import Hub
-from gradwatch.server.rows import row_from_step
 
 
 def rows(lo: int, hi: int) -> list:
-    return [row_from_step(synth.step(i + 2, i), 0) for i in range(lo, hi)]
+    return [synth.row_from_step(synth.step(i + 2, i), 0) for i in range(lo, hi)]
 
 
 def summary(steps: int, run: str = "run1") -> RunSummary:

@@ -19,13 +19,13 @@ from gradwatch.frames import (
 )
 from gradwatch.server import errors, ws_close
 from gradwatch.server.api import STATUS
-from gradwatch.server.rows import SeriesRows, row_from_step
+from gradwatch.server.rows import SeriesRows
 from gradwatch.verdict import verdict_of
 
 
 def odd_rows() -> list:
     recs = synth.records(steps=6, stale_from=3, nan_at=1)
-    rows = [row_from_step(r, 0) for r in recs if r.type == "step"]
+    rows = [synth.row_from_step(r, 0) for r in recs if r.type == "step"]
     rows[2] = rows[2]._replace(norm=None, drift=math.inf, fresh_norm=-math.inf)
     return rows
 
@@ -48,7 +48,7 @@ def test_a_snapshot_with_models_inside_is_the_text_the_model_would_send() -> Non
                          torch_version="2.13.0")
     view = OptimizerView(rank=0, opt="SGD#0", cls="SGD", params=["w"], shapes=[[1]],
                          groups=[0])
-    rows = SeriesRows([row_from_step(r, 0) for r in recs if r.type == "step"], total=8)
+    rows = SeriesRows([synth.row_from_step(r, 0) for r in recs if r.type == "step"], total=8)
     findings = verdict_of(recs).findings()
     text = frame_json(SnapshotFrame, run=summary, optimizers=[view], steps=rows.columns(),
                       findings=findings)

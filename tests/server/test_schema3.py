@@ -22,7 +22,6 @@ from gradwatch.server import create_app, db
 from gradwatch.server.batch import batch_of_records
 from gradwatch.server.errors import NewerDatabase
 from gradwatch.server.reader import Reader
-from gradwatch.server.rows import row_from_step
 from gradwatch.server.steptable import row_of, step_columns
 from gradwatch.server.storage import Store
 from gradwatch.wire import PROTOCOL_VERSION, Reset, Scalars, Step, StepSites, parse_record
@@ -178,5 +177,5 @@ def test_a_row_made_from_the_columns_is_the_row_of_the_record() -> None:
     rng = random.Random(3)
     steps = [every_field_step(2, 0), *(_random_step(rng) for _ in range(400))]
     for s in steps:
-        want, got = row_from_step(s, 3), row_of(3, s.opt, step_columns(s))
+        want, got = synth.row_from_step(s, 3), row_of(3, s.opt, step_columns(s))
         assert repr(got) == repr(want), (s, got, want)  # repr: NaN equals NaN
