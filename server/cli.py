@@ -233,6 +233,7 @@ def main(argv: Sequence[str]) -> int:
             return rc
     import uvicorn
 
+    from gradwatch.gcpause import settle_server_heap
     from gradwatch.server.app import create_app
     from gradwatch.server.transport import mask_tokens_in_logs, uvicorn_options
 
@@ -242,10 +243,11 @@ def main(argv: Sequence[str]) -> int:
           f"(data in {settings.data_dir})", flush=True)
     mask_tokens_in_logs()
     quiet_shutdown()
+    app, options = create_app(settings), uvicorn_options(settings)
+    settle_server_heap()  # the app and uvicorn's protocols are imported: start-up is done
     try:
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                    log_level=a.log_level, access_log=a.access_log,
-                    **uvicorn_options(settings))
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=a.log_level,
+                    access_log=a.access_log, **options)
     except OSError as e:
         print(f"gradwatch serve: cannot listen on {host}:{settings.port}: {e}",
               file=sys.stderr)

@@ -106,3 +106,21 @@ def test_serve_refuses_a_database_of_a_newer_gradwatch(
     c.close()
     assert main(["--data", str(tmp_path), "--import-only"]) == 2
     assert "newer gradwatch" in capsys.readouterr().err
+
+
+def test_serve_settles_its_heap_once_the_app_is_built_and_before_serving(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+    from fastapi import FastAPI
+
+    import gradwatch.gcpause
+    from gradwatch.server.cli import main
+
+    calls: list[str] = []
+    # Recorded, not run: a freeze in pytest's process would hold the suite's heap.
+    monkeypatch.setattr(gradwatch.gcpause, "settle_server_heap",
+                        lambda: calls.append("settle"))
+    monkeypatch.setattr(uvicorn, "run",
+                        lambda app, **kw: calls.append(f"run {type(app).__name__}"))
+    assert main(["--data", str(tmp_path), "--port", "1"]) == 0
+    assert calls == ["settle", f"run {FastAPI.__name__}"]
