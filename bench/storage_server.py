@@ -95,11 +95,14 @@ def _dir_bytes(d: Path) -> int:
 
 
 async def _import(data: Path, log: Path) -> tuple[str, int, float]:
+    from gradwatch.gcpause import settle_server_heap
     from gradwatch.server.importing import BLOCK_BYTES
     from gradwatch.server.runs import Runs
     from gradwatch.server.settings import Settings, default_parse_processes
 
-    # The serve default: its parser processes beside the event loop and the writer.
+    # As ``gradwatch serve`` runs it: the heap settled once start-up's imports are done,
+    # its parser processes beside the event loop and the writer.
+    settle_server_heap()
     runs = Runs(Settings(data_dir=data, parse_processes=default_parse_processes()))
     runs.start()
 
