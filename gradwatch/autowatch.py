@@ -46,7 +46,8 @@ class AutoWatch:
                  run_name: str | None = None, norms_every: int = 1,
                  run_id: str | None = None) -> None:
         from gradwatch.probe import names
-        from gradwatch.probe.api import WatchHandle, validate_options
+        from gradwatch.probe.api import WatchHandle
+        from gradwatch.probe.watchargs import validate_options
 
         validate_options(log, server, run_name, norms_every)
         self.handle: WatchHandle = WatchHandle(

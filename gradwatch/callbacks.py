@@ -38,7 +38,7 @@ class CallbackSession:
     def __init__(self, log: str | os.PathLike[str] | None, server: str | None,
                  run_name: str | None, norms_every: int, log_metrics: bool) -> None:
         """Raises ``TypeError``/``ValueError`` with a sentence to act on, as ``watch()``."""
-        from gradwatch.probe.api import validate_options
+        from gradwatch.probe.watchargs import validate_options
 
         validate_options(log, server, run_name, norms_every)
         if not isinstance(log_metrics, bool):

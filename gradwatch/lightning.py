@@ -154,7 +154,7 @@ def _labels(pl_module: LightningModule, opts: Sequence[torch.optim.Optimizer]
     """Each optimizer's name as the module has it, None where it has none (see the class)."""
     import torch
 
-    from gradwatch.probe.api import unwrap
+    from gradwatch.probe.watchargs import unwrap
 
     attrs: dict[int, str] = {}
     for attr, value in vars(pl_module).items():

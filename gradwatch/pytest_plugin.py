@@ -45,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if TORCH.missing():
         raise pytest.UsageError(TORCH.sentence("pytest --gradwatch"))
-    from gradwatch.probe.api import validate_options
+    from gradwatch.probe.watchargs import validate_options
 
     server = config.getoption("gradwatch_server")
     try:

@@ -25,6 +25,7 @@ import torch
 from gradwatch.probe import names, patches, runinfo
 from gradwatch.probe.losses import LoggedScalars, scalar_value
 from gradwatch.probe.tracker import Tracker
+from gradwatch.probe.watchargs import validate
 from gradwatch.probe.writer import RecordWriter, StepFigures
 from gradwatch.steplog import is_compressed
 from gradwatch.wire import STEP_MAX, End, Finding, Stats
@@ -33,109 +34,6 @@ if TYPE_CHECKING:
     from gradwatch.stream import Streamer
 
 log = logging.getLogger("gradwatch.probe")
-
-_SCHEMES = ("ws://", "wss://", "http://", "https://")
-
-
-def unwrap(opt: Any) -> torch.optim.Optimizer | None:
-    """The real ``torch.optim.Optimizer`` inside a wrapper (Accelerate, Lightning, and SAM
-    and its copies, which step through their ``base_optimizer``), or None."""
-    for _ in range(8):
-        inner = getattr(opt, "optimizer", None)
-        if inner is None:
-            inner = getattr(opt, "_optimizer", None)
-        if inner is None:
-            inner = getattr(opt, "base_optimizer", None)
-        if isinstance(opt, torch.optim.Optimizer) and not isinstance(
-                inner, torch.optim.Optimizer):
-            return opt
-        if inner is None or inner is opt:
-            return None
-        opt = inner
-    return None
-
-
-def validate_options(log_: Any, server: Any, run_name: Any, norms_every: Any) -> None:
-    """Check ``watch()``'s ``log``, ``server``, ``run_name`` and ``norms_every`` (the framework
-    callbacks check theirs when built, long before an optimizer exists).
-
-    Raises:
-        TypeError, ValueError: an argument is wrong; the message says how to fix it.
-    """
-    if log_ is not None:
-        if not isinstance(log_, (str, os.PathLike)):
-            raise TypeError(f"log= must be a file path (str or pathlib.Path); got "
-                            f"{type(log_).__name__}.")
-        if Path(log_).is_dir():
-            raise ValueError(f"log={str(log_)!r} is a directory; give a file path such as "
-                             f"{str(Path(log_) / 'run.jsonl')!r}.")
-    if server is not None and (not isinstance(server, str) or not server.startswith(_SCHEMES)):
-        raise ValueError(f"server= must be a URL starting with ws://, wss://, http:// or "
-                         f"https://, e.g. 'http://127.0.0.1:8765'; got {server!r}.")
-    if server is not None and log_ is not None and is_compressed(log_):
-        # the streamer tails the log as it grows; a compressed one it cannot read from an offset
-        raise ValueError(f"log={str(log_)!r} would be compressed (.gz), but a log streamed to "
-                         f"a server must be plain: drop '.gz', or compress it after the run.")
-    if run_name is not None and (not isinstance(run_name, str) or len(run_name) > 200):
-        raise TypeError("run_name= must be a string of at most 200 characters.")
-    if isinstance(norms_every, bool) or not isinstance(norms_every, int) or norms_every < 0:
-        raise ValueError(f"norms_every= must be an int >= 0 (1 = every step, N = every Nth "
-                         f"step, 0 = never); got {norms_every!r}.")
-
-
-def _validate(optimizer_or_list: Any, model: Any, log_: Any, server: Any, run_name: Any,
-              norms_every: Any, names_: Any) -> tuple[list[torch.optim.Optimizer],
-                                                      list[str | None]]:
-    if optimizer_or_list is None:  # a loop that updates its parameters by hand
-        items = []
-    else:
-        items = (list(optimizer_or_list) if isinstance(optimizer_or_list, (list, tuple))
-                 else [optimizer_or_list])
-        if not items:
-            raise ValueError("gradwatch.watch() got an empty list: pass at least one "
-                             "optimizer, e.g. gradwatch.watch([g_opt, d_opt]), or none for "
-                             "a loop that updates its parameters by hand: "
-                             "gradwatch.watch(model=model).")
-    opts: list[torch.optim.Optimizer] = []
-    for x in items:
-        o = unwrap(x)
-        if o is None:
-            hint = (" For a loop that updates the module's parameters by hand, pass it as "
-                    "model=: gradwatch.watch(model=model)." if isinstance(x, torch.nn.Module)
-                    else "")
-            raise TypeError(f"gradwatch.watch() needs torch.optim.Optimizer objects (or a "
-                            f"list of them); got {type(x).__name__}. Pass the optimizer you "
-                            f"call .step() on, e.g. gradwatch.watch(optimizer).{hint}")
-        if any(o is p for p in opts):
-            raise ValueError(f"gradwatch.watch() got the same {type(o).__name__} twice; "
-                             f"pass each optimizer once.")
-        opts.append(o)
-    if model is not None and not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model= must be a torch.nn.Module (used for parameter names); got "
-                        f"{type(model).__name__}.")
-    validate_options(log_, server, run_name, norms_every)
-    labels: list[str | None] = [None] * len(opts)
-    if names_ is not None:
-        if isinstance(names_, Mapping):
-            for k, v in names_.items():
-                o = unwrap(k)
-                idx = [i for i, p in enumerate(opts) if p is o]
-                if not idx:
-                    raise ValueError("names= has a key that is not one of the watched "
-                                     "optimizers.")
-                labels[idx[0]] = str(v)
-        elif isinstance(names_, Sequence) and not isinstance(names_, str):
-            if len(names_) != len(opts):
-                raise ValueError(f"names= has {len(names_)} names for {len(opts)} "
-                                 f"optimizers; give one name per optimizer.")
-            labels = [str(n) for n in names_]
-        else:
-            raise TypeError("names= must be a list of names (one per optimizer) or a dict "
-                            "{optimizer: name}.")
-        if len({x for x in labels if x}) != len([x for x in labels if x]):
-            raise ValueError("names= must be unique.")
-    return opts, labels
-
 
 class WatchHandle:
     """A watch session. Use as a context manager or call :meth:`close`."""
@@ -391,7 +289,7 @@ def watch(optimizer_or_list: Any = None, *, model: torch.nn.Module | None = None
     Raises:
         TypeError, ValueError: an argument is wrong; the message says how to fix it.
     """
-    opts, labels = _validate(optimizer_or_list, model, log, server, run_name, norms_every,
+    opts, labels = validate(optimizer_or_list, model, log, server, run_name, norms_every,
                              names)
     if run_id is not None and not isinstance(run_id, str):
         raise TypeError("run_id= must be a string.")

@@ -1,8 +1,9 @@
 """The storage writer: one thread owns the database connection that writes.
 
 Routes hand work to it with :meth:`Store.submit` (a :class:`concurrent.futures.Future` the
-event loop can await), so SQLite never blocks the event loop and every ingest batch is one
-transaction: a batch is stored whole or not at all. A step is stored once per (series,
+event loop can await; the threads are :mod:`server.writerthread`'s), so SQLite never blocks
+the event loop and every ingest batch is one transaction: a batch is stored whole or not at
+all. A step is stored once per (series,
 step), other records once by (run, rank, seq); a resend is ignored record by record. A
 write the disk refuses (full, I/O error) is rolled back and the run's in-memory state
 dropped, so memory and disk agree and the stream resends from what is stored. Refusals
@@ -14,9 +15,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import logging
-import queue
 import sqlite3
-import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -30,10 +29,10 @@ from gradwatch.server.errors import (
     NameTaken,
     RunLimitReached,
     StorageFailed,
-    StoreBusy,
 )
 from gradwatch.server.migrate import open_current
 from gradwatch.server.runstate import RunState, load_state, new_state
+from gradwatch.server.writerthread import WriterThread
 from gradwatch.server.writes import ResetSets, write_batch
 from gradwatch.wire import Header
 
@@ -61,17 +60,13 @@ class Store:
         self.max_runs = max_runs
         self.keep_param_norms = max(1, keep_param_norms)
         self._resets = ResetSets()
-        self._jobs: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], cf.Future[Any]]
-                                | None] = queue.Queue(maxsize=queue_size)
         self._states: OrderedDict[str, RunState] = OrderedDict()
-        self._thread: threading.Thread | None = None
         data_dir.mkdir(parents=True, exist_ok=True)
         self._conn = open_current(data_dir)
-        # Checkpoints copy the WAL into the database; a helper thread does them so commits
-        # on the writer stay short (SQLite releases the GIL while it works).
+        # Checkpoints copy the WAL into the database: the writer's helper thread does them
+        # (:class:`~server.writerthread.WriterThread`), so commits stay short.
         self._conn.execute("PRAGMA wal_autocheckpoint=0")
-        self._stop_ckpt = threading.Event()
-        self._ckpt: threading.Thread | None = None
+        self._writer = WriterThread(data_dir, queue_size)
         # A run that was live when the server stopped lost its stream: interrupted until
         # its probe reconnects and resumes.
         n = self._conn.execute(
@@ -82,34 +77,11 @@ class Store:
     # -- thread plumbing -------------------------------------------------------------
     def start(self) -> None:
         """Start the writer thread."""
-        self._thread = threading.Thread(target=self._loop, name="gradwatch-store",
-                                        daemon=True)
-        self._thread.start()
-        self._ckpt = threading.Thread(target=self._checkpoints, name="gradwatch-checkpoint",
-                                      daemon=True)
-        self._ckpt.start()
-
-    def _checkpoints(self, every: float = 0.5) -> None:
-        conn = db.connect(self.data_dir)
-        try:
-            while not self._stop_ckpt.wait(every):
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                except Exception:  # busy or I/O trouble: the next round retries
-                    log.debug("checkpoint failed", exc_info=True)
-        finally:
-            conn.close()
+        self._writer.start()
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish queued writes, then stop the thread and close the database."""
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join(timeout)
-            self._thread = None
-        self._stop_ckpt.set()
-        if self._ckpt is not None:
-            self._ckpt.join(timeout)
-            self._ckpt = None
+        self._writer.stop(timeout)
         try:
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except Exception:  # readers still open: fine, the WAL is replayed on open
@@ -122,29 +94,11 @@ class Store:
         Raises:
             StoreBusy: too many writes are already queued.
         """
-        fut: cf.Future[T] = cf.Future()
-        try:
-            self._jobs.put_nowait((fn, args, fut))
-        except queue.Full:
-            raise StoreBusy("the server's storage is busy; retry later") from None
-        return fut
+        return self._writer.submit(fn, *args)
 
     def call(self, fn: Callable[..., T], *args: Any, timeout: float = 60.0) -> T:
         """Run ``fn(*args)`` on the writer thread and wait for its result."""
         return self.submit(fn, *args).result(timeout)
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            fn, args, fut = job
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn(*args))
-            except BaseException as e:  # handed to the awaiting route
-                fut.set_exception(e)
 
     # -- writer-thread operations (call through submit/call) --------------------------
     def _state(self, run_id: str) -> RunState | None:
