@@ -29,7 +29,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import ClientConnection, connect
 
 from gradwatch.frames import Ack, Hello, Resume
-from gradwatch.wire import Header, batch_json, parse_record
+from gradwatch.spool import SpoolReader
 
 log = logging.getLogger(__name__)
 
@@ -89,25 +89,22 @@ class Streamer:
         self.url = ingest_url(url)
         self.spool = Path(spool)
         self.run, self.rank, self.token, self.key = run, rank, token, key
-        self.max_records, self.max_bytes = max_records, max_bytes
+        self._reader = SpoolReader(self.spool, run, rank, max_records, max_bytes)
         self.ack_timeout, self.max_backoff = ack_timeout, max_backoff
         self._wake = threading.Event()
         self._stopping = False
         self._deadline = float("inf")
         self._thread: threading.Thread | None = None
         self._ws: ClientConnection | None = None
-        self._read_off = 0  # next byte to read in the spool
-        self._v: int | None = None  # the version the spool is written at (its header's)
         self._acked_off = 0  # every line before this byte is stored by the server
         self._acked_seq = -1
-        self._skip_le = -1  # records with seq <= this are already on the server
         self._inflight: deque[tuple[int, int, int]] = deque()  # (last seq, end off, n)
         self._last_send = 0.0
         self._last_full = False
         self._unreachable_said = False
         """The current outage was reported (once per outage, at its first failure)."""
         self.min_interval = MIN_INTERVAL
-        self._stats: dict[str, Any] = {"sent": 0, "dropped": 0, "connected": False,
+        self._stats: dict[str, Any] = {"sent": 0, "connected": False,
                                        "reconnects": 0, "acked_seq": -1, "server_had": None,
                                        "backlog_bytes": 0, "disabled": None}
 
@@ -145,7 +142,7 @@ class Streamer:
         ``reconnects``, ``acked_seq`` (every record up to it is stored), ``server_had``
         (the server's last stored seq when the stream first connected; None before),
         ``backlog_bytes`` and ``disabled`` (why it stopped, if it gave up)."""
-        return dict(self._stats)
+        return {**self._stats, "dropped": self._reader.dropped}
 
     # -- the thread ---------------------------------------------------------------------
     def _main(self) -> None:
@@ -195,13 +192,11 @@ class Streamer:
         if self._stats["server_had"] is None:
             self._stats["server_had"] = resume.seq
         self._inflight.clear()
-        self._skip_le = resume.seq
         # The server may know more than we saw acked (acks lost with the connection), or
         # less (a fresh data directory): then start over from the top of the spool.
-        if resume.seq >= self._acked_seq:
-            self._read_off = self._acked_off
-        else:
-            self._read_off = self._acked_off = 0
+        if resume.seq < self._acked_seq:
+            self._acked_off = 0
+        self._reader.seek(self._acked_off, resume.seq)
         self._acked_seq = self._stats["acked_seq"] = resume.seq
 
     def _lost(self, e: BaseException) -> None:
@@ -219,8 +214,8 @@ class Streamer:
                       "records stay in %s", code, FATAL_CLOSE[code], reason, self.spool)
             self._stopping, self._deadline = True, 0.0
         elif code == 1009:
-            self.max_bytes = max(4096, self.max_bytes // 2)
-            self.max_records = max(1, self.max_records // 2)
+            r = self._reader
+            r.max_bytes, r.max_records = max(4096, r.max_bytes // 2), max(1, r.max_records // 2)
         elif code == RATE_LIMITED:  # fewer, fuller frames (other streams share the budget)
             self.min_interval = min(1.0, self.min_interval * 2)
             log.info("gradwatch streamer: the server's rate limit closed the stream (%s); "
@@ -272,87 +267,16 @@ class Streamer:
         self._wake.clear()
         return False
 
-    def _version(self) -> int | None:
-        """The protocol version of the spool (its header's ``v``); None before the header
-        is written. A spool whose first line is no header is refused: nothing can say how
-        its lines are written."""
-        if self._v is None:
-            try:
-                with self.spool.open("rb") as fh:
-                    first = fh.readline(1 << 20)
-            except FileNotFoundError:
-                return None
-            if not first.endswith(b"\n"):
-                return None
-            header = parse_record(first, 1)  # a header reads the same at every version
-            if not isinstance(header, Header):
-                raise ValueError(f"{self.spool} does not start with a header")
-            self._v = header.v
-        return self._v
-
     def _read_batch(self) -> str | None:
         """The next frame of complete, valid, not-yet-stored lines, or ``None``."""
-        v = self._version()
-        if v is None:
-            return None
-        while True:
-            try:
-                with self.spool.open("rb") as fh:
-                    fh.seek(self._read_off)
-                    data = fh.read(max(self.max_bytes, 1 << 20))
-            except FileNotFoundError:
-                return None
-            end = data.rfind(b"\n")
-            if end < 0:
-                if len(data) >= 1 << 20:  # one line over a frame: it can never be sent
-                    self._skip_line()
-                    continue
-                return None
-            records: list[bytes] = []
-            off, size, last_seq, cut = self._read_off, 0, self._skip_le, False
-            for raw in data[:end + 1].split(b"\n")[:-1]:
-                if records and (len(records) >= self.max_records or size >= self.max_bytes):
-                    cut = True  # more lines are waiting: no need to pace the next frame
-                    break
-                off += len(raw) + 1
-                if not raw.strip():
-                    continue
-                try:
-                    rec = parse_record(raw, v)
-                except ValidationError as e:
-                    self._stats["dropped"] += 1
-                    log.warning("gradwatch streamer: skipping an invalid spool line: %s",
-                                e.errors()[0].get("msg"))
-                    continue
-                if rec.seq <= self._skip_le:
-                    continue  # already on the server
-                records.append(raw)
-                size += len(raw)
-                last_seq = rec.seq
-            self._read_off = off
-            if records:
-                self._last_full = cut
-                self._skip_le = last_seq
-                self._inflight.append((last_seq, off, len(records)))
-                return batch_json(self.run, self.rank, v, records).decode()
+        while (piece := self._reader.next()) is not None:
+            if piece.text is not None:
+                self._last_full = piece.full  # more lines waiting: no need to pace the next
+                self._inflight.append((piece.last_seq, piece.end, piece.records))
+                return piece.text
             if not self._inflight:  # only lines the server already had: count them acked
-                self._acked_off = max(self._acked_off, off)
-
-    def _skip_line(self) -> None:
-        self._stats["dropped"] += 1
-        log.warning("gradwatch streamer: a spool line is over %d bytes; skipped it",
-                    self.max_bytes)
-        with self.spool.open("rb") as fh:
-            fh.seek(self._read_off)
-            while True:
-                chunk = fh.read(1 << 16)
-                if not chunk:
-                    return
-                i = chunk.find(b"\n")
-                if i >= 0:
-                    self._read_off += i + 1
-                    return
-                self._read_off += len(chunk)
+                self._acked_off = max(self._acked_off, piece.end)
+        return None
 
     def _update_backlog(self) -> None:
         with contextlib.suppress(OSError):
