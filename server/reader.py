@@ -7,9 +7,6 @@ called from worker threads; a long series downsamples from its chunk summaries
 
 from __future__ import annotations
 
-import csv
-import heapq
-import io
 import json
 import queue
 import sqlite3
@@ -24,13 +21,9 @@ from gradwatch.server.rows import Row, SeriesRows
 from gradwatch.server.series_read import param_steps, series_rows
 from gradwatch.server.steptable import (
     FLAG_PFRESH_IS_PNORM,
-    RECORD_SELECT,
-    STEP_SELECT,
-    step_record,
-    to_row,
     unpack_norms,
 )
-from gradwatch.wire import Finding, Scalars, Step, dump_record, parse_record
+from gradwatch.wire import Finding
 
 _SUMMARY = ("SELECT id, name, status, started, updated, steps, findings, ranks, optimizers, "
             "dropped, torch_version FROM runs ")
@@ -72,6 +65,11 @@ class Reader:
     def _rid(self, c: sqlite3.Connection, run_id: str) -> int | None:
         row = c.execute("SELECT rid FROM runs WHERE id=?", (run_id,)).fetchone()
         return None if row is None else int(row[0])
+
+    def rid(self, run_id: str) -> int | None:
+        """The run's row id in the database, or None if there is no such run."""
+        with self.conn() as c:
+            return self._rid(c, run_id)
 
     def runs(self) -> list[RunSummary]:
         """Every run, newest first."""
@@ -220,91 +218,6 @@ class Reader:
                     out.name.append(name)
                     out.value.append(value)  # json.dumps wrote NaN as NaN: a float
             return out
-
-    def export_lines(self, run_id: str, rank: int = 0) -> Iterator[str] | None:
-        """The stream of one rank as step-log lines (header first), or ``None``.
-
-        Step records are rebuilt from their columns (:func:`steptable.step_record`),
-        equal in meaning to the records received; the lines are in seq order.
-        """
-        with self.conn() as c:
-            rid = self._rid(c, run_id)
-        if rid is None:
-            return None
-
-        def gen() -> Iterator[str]:
-            c = db.connect(self.data_dir, readonly=True)
-            try:
-                c.execute("BEGIN")
-                opts = dict(c.execute("SELECT sid, opt FROM series WHERE rid=? AND rank=?",
-                                      (rid, rank)).fetchall())
-                # Stored as received (version 1 forms); written again at today's version,
-                # which the header then says, like every step line.
-                records = ((seq, dump_record(parse_record(body, 1))) for seq, body in c.execute(
-                    "SELECT seq, body FROM records WHERE rid=? AND rank=? ORDER BY seq",
-                    (rid, rank)))
-                scalars = ((seq, _scalars_line(seq, *rest)) for seq, *rest in c.execute(
-                    "SELECT seq, t, step, opt, vals FROM scalars WHERE rid=? AND rank=? "
-                    "ORDER BY seq", (rid, rank)))
-                marks = ",".join("?" * len(opts))
-                steps = ((t[0], _step_line(opts[t[-1]], t[:-1])) for t in c.execute(
-                    RECORD_SELECT.replace("p.fresh ", "p.fresh, s.sid ", 1)
-                    + f"WHERE s.sid IN ({marks}) ORDER BY s.seq", tuple(opts)))
-                for _, line in heapq.merge(records, scalars, steps, key=lambda x: x[0]):
-                    yield line + "\n"
-            finally:
-                c.close()
-        return gen()
-
-    def export_csv(self, run_id: str) -> Iterator[str] | None:
-        """Every step row of a run as CSV lines, or ``None``."""
-        with self.conn() as c:
-            rid = self._rid(c, run_id)
-        if rid is None:
-            return None
-
-        def gen() -> Iterator[str]:
-            # The csv module quotes what needs it: an optimizer named `G "main", v2` stays
-            # one cell.
-            buf = io.StringIO()
-            out = csv.writer(buf, lineterminator="\n")
-            out.writerow(Row._fields)
-            c = db.connect(self.data_dir, readonly=True)
-            try:
-                cur = c.execute(STEP_SELECT + "WHERE e.rid=? ORDER BY e.rank, e.opt, s.step",
-                                (rid,))
-                while rows := cur.fetchmany(1000):
-                    out.writerows(_csv_cells(to_row(t)) for t in rows)
-                    yield buf.getvalue()
-                    buf.seek(0)
-                    buf.truncate()
-            finally:
-                c.close()
-            if buf.tell():  # the header of a run without steps
-                yield buf.getvalue()
-        return gen()
-
-
-def _csv_cells(r: Row) -> list[object]:
-    """A step row as CSV cells: resets as ``how:n;how:n``, learning rates as ``a;b``, an
-    unsampled norm empty."""
-    cells: list[object] = ["" if x is None else x for x in r]
-    cells[_RESETS] = ";".join(f"{h}:{n}" for h, n in r.resets)
-    cells[_LR] = "" if r.lr is None else ";".join(map(repr, r.lr))
-    return cells
-
-
-_RESETS, _LR = Row._fields.index("resets"), Row._fields.index("lr")
-
-
-def _step_line(opt: str, t: tuple[Any, ...]) -> str:
-    """A step record's line at today's version, rebuilt from its columns and validated (an
-    export's header says today's version, where a left-out field can mean "implied")."""
-    return dump_record(Step.model_validate(step_record(opt, t)))
-
-
-def _scalars_line(seq: int, t: float, step: int, opt: str | None, vals: str) -> str:
-    return dump_record(Scalars(seq=seq, t=t, step=step, opt=opt, values=json.loads(vals)))
 
 
 def _kept_near(c: sqlite3.Connection, sid: int, step: int, b: int, lo: int, hi: int
