@@ -46,8 +46,8 @@ def settle_server_heap() -> None:
     collect the young generation every :data:`SERVER_YOUNG_THRESHOLD` allocations.
 
     Frozen objects are still freed by refcounting; only a cycle among them, made after
-    this, would wait for the process's end, which is why a library never calls this and
-    the ``serve`` command does, once.
+    this, waits for the process's end. So the ``serve`` command calls this, once; a
+    library never does.
     """
     gc.collect()
     gc.freeze()

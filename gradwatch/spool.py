@@ -25,7 +25,7 @@ MAX_LINE = 1 << 20
 
 
 class Piece(NamedTuple):
-    """What :meth:`SpoolReader.next` read: a frame of lines, or lines with nothing to send."""
+    """What :meth:`SpoolReader.read` read: a frame of lines, or lines with nothing to send."""
 
     text: str | None
     """The ``IngestBatch`` frame; None when every line read was already on the server (or
@@ -85,7 +85,7 @@ class SpoolReader:
             self._v = header.v
         return self._v
 
-    def next(self) -> Piece | None:
+    def read(self) -> Piece | None:
         """The next complete lines (one frame's worth), or None when none is complete yet."""
         v = self.version()
         if v is None:

@@ -269,7 +269,7 @@ class Streamer:
 
     def _read_batch(self) -> str | None:
         """The next frame of complete, valid, not-yet-stored lines, or ``None``."""
-        while (piece := self._reader.next()) is not None:
+        while (piece := self._reader.read()) is not None:
             if piece.text is not None:
                 self._last_full = piece.full  # more lines waiting: no need to pace the next
                 self._inflight.append((piece.last_seq, piece.end, piece.records))

@@ -29,18 +29,18 @@ def _seqs(text: str | None) -> list[int]:
 def test_frames_of_complete_lines_sent_as_written(tmp_path: Path) -> None:
     spool = tmp_path / "run.jsonl"
     reader = SpoolReader(spool, "run1", 3, max_records=4)
-    assert reader.next() is None  # no spool yet
+    assert reader.read() is None  # no spool yet
     lines = _lines(8)
     spool.write_text("\n".join(lines) + "\n" + lines[-1][:20])  # the probe mid-line
-    first = reader.next()
+    first = reader.read()
     assert first is not None and first.full and first.records == 4
     assert _seqs(first.text) == [0, 1, 2, 3]
     assert json.loads(first.text or "")["records"][2] == json.loads(lines[2])  # as written
-    rest = [reader.next(), reader.next()]
+    rest = [reader.read(), reader.read()]
     assert [_seqs(p.text) for p in rest if p] == [[4, 5, 6, 7], [8, 9]]
     assert rest[1] is not None and not rest[1].full
     assert rest[1].end == len("\n".join(lines)) + 1  # the half-written line is not read
-    assert reader.next() is None
+    assert reader.read() is None
 
 
 def test_records_the_server_has_are_left_out_after_a_resume(tmp_path: Path) -> None:
@@ -48,10 +48,10 @@ def test_records_the_server_has_are_left_out_after_a_resume(tmp_path: Path) -> N
     spool.write_text("\n".join(_lines(6)) + "\n")
     reader = SpoolReader(spool, "run1", 3)
     reader.seek(0, 4)  # the server said it stores up to seq 4
-    piece = reader.next()
+    piece = reader.read()
     assert piece is not None and _seqs(piece.text) == [5, 6, 7]
     reader.seek(0, 7)  # it has them all: lines read, nothing to send
-    had = reader.next()
+    had = reader.read()
     assert had is not None and had.text is None and had.end == spool.stat().st_size
 
 
@@ -63,7 +63,7 @@ def test_an_invalid_line_and_one_too_long_to_send_are_skipped_and_counted(
                                 "x" * (MAX_LINE + 10), *lines[3:]]) + "\n")
     reader = SpoolReader(spool, "run1", 3)
     got: list[int] = []
-    while (piece := reader.next()) is not None:
+    while (piece := reader.read()) is not None:
         if piece.text is not None:
             got += _seqs(piece.text)
     assert got == [0, 1, 2, 3, 4] and reader.dropped == 2
