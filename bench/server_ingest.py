@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import math
-import struct
 import sys
 import tempfile
 import threading
@@ -40,7 +39,7 @@ from websockets.asyncio.client import connect as aconnect
 from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gradwatch.encoding import at_float32_precision  # noqa: E402
+from gradwatch.encoding import as_float32, at_float32_precision  # noqa: E402
 from gradwatch.frames import Ack, StepSeries, frame_json  # noqa: E402
 from gradwatch.wire import End, Header, IngestBatch, OptimizerInfo, Reset, Step  # noqa: E402
 from tests.serverproc import ServerProc  # noqa: E402
@@ -59,7 +58,7 @@ def records(run: str, n: int, t0: float = 1000.0) -> list[Any]:
     for i in range(n):
         # As the probe records them: per-parameter norms are float32 values (norms of
         # float32 gradients), their total has float32's 9 digits.
-        part = _f32((1.0 + 0.3 * math.sin(i / 50)) / NPARAMS)
+        part = as_float32((1.0 + 0.3 * math.sin(i / 50)) / NPARAMS)
         norm = at_float32_precision(math.hypot(*[part] * NPARAMS))
         out.append(Step(seq=i + 2, t=t0 + i * 1e-3, opt="AdamW#0", step=i, backwards=1,
                         consumed=NPARAMS, fresh=NPARAMS,
@@ -69,10 +68,6 @@ def records(run: str, n: int, t0: float = 1000.0) -> list[Any]:
                         param_fresh_norms=[part] * NPARAMS))
     out.append(End(seq=n + 2, t=t0 + n * 1e-3, steps=n))
     return out
-
-
-def _f32(x: float) -> float:
-    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def frames(run: str, n: int, size: int = 1000) -> list[str]:

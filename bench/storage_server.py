@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gradwatch.encoding import as_float32  # noqa: E402
 from gradwatch.frames import StepSeries, frame_json  # noqa: E402
 from gradwatch.wire import Header, OptimizerInfo, Reset, Step, trusted  # noqa: E402
 
@@ -74,8 +75,8 @@ def _synthetic_log(path: Path, steps: int) -> Path:
         for r in recs:
             fh.write(r.model_dump_json() + "\n")
         for i in range(steps):
-            pn = [float(_f32(0.1 + 0.01 * math.sin(i + k))) for k in range(TENSORS)]
-            n = _f32(math.sqrt(sum(v * v for v in pn)))
+            pn = [as_float32(0.1 + 0.01 * math.sin(i + k)) for k in range(TENSORS)]
+            n = as_float32(math.sqrt(sum(v * v for v in pn)))
             fh.write(Step(seq=i + 2, t=1e9 + i * 1e-3, opt="SGD#0", step=i, backwards=1,
                           consumed=TENSORS, fresh=TENSORS,
                           resets=[Reset(how="optimizer_zero_grad",
@@ -83,11 +84,6 @@ def _synthetic_log(path: Path, steps: int) -> Path:
                           norm=n, fresh_norm=n, drift=1.0, param_norms=pn,
                           param_fresh_norms=pn).model_dump_json() + "\n")
     return path
-
-
-def _f32(x: float) -> float:
-    import struct
-    return float(struct.unpack("f", struct.pack("f", x))[0])
 
 
 def _dir_bytes(d: Path) -> int:
@@ -173,13 +169,13 @@ def million(data: Path, steps: int = 1_000_000, tensors: int = 150) -> dict[str,
     resets = [Reset(how="optimizer_zero_grad", params=list(range(tensors)))]
     fields = {f: Step.model_fields[f].get_default(call_default_factory=True)
               for f in Step.model_fields}
-    vals = [_f32(0.01 + 1e-3 * v) for v in range(97)]  # float32 values, as the probe's
+    vals = [as_float32(0.01 + 1e-3 * v) for v in range(97)]  # float32 values, as the probe's
     t = time.perf_counter()
     for lo in range(0, steps, 5000):
         recs = []
         for i in range(lo, min(steps, lo + 5000)):
             pn = [vals[(i * 7 + k) % 97] for k in range(tensors)]
-            n = _f32(1.0 + 0.3 * math.sin(i / 50))
+            n = as_float32(1.0 + 0.3 * math.sin(i / 50))
             recs.append(trusted(Step, {**fields, "seq": i + 2, "t": 1e9 + i * 0.5,
                                        "opt": "AdamW#0", "step": i, "backwards": 1,
                                        "consumed": tensors, "fresh": tensors,

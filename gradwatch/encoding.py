@@ -115,6 +115,11 @@ def expand(text: str) -> list[int]:
     return out
 
 
+def as_float32(x: float) -> float:
+    """``x`` rounded to the nearest float32 (OverflowError: finite, past float32's range)."""
+    return array("f", [x])[0]
+
+
 def is_float32(values: Sequence[float]) -> bool:
     """Every value is exactly a float32 (NaN and infinities are)."""
     try:
@@ -183,7 +188,7 @@ def at_float32_precision(x: float) -> float:
     (what a writer writes) has at most that many digits, where the float64 it is computed
     in has 17; a float32 value comes back exact when rounded to float32. NaN and infinities
     are kept."""
-    return float(f"{x:.9g}")
+    return float(f"{x:.{FLOAT32_DIGITS}g}")
 
 
 def nonfinite(v: Any) -> Any:

@@ -229,30 +229,31 @@ def step_record(opt: str, t: tuple[Any, ...]) -> dict[str, Any]:
 def row_of(rank: int, opt: str, c: StepCols) -> Row:
     """The row of a step from its columns (:func:`step_columns`): equal to the row read
     off the record's fields (a test holds them so)."""
-    flags = c[6]
-    norm = _NAN if flags & 1 else c[3]
-    return Row(rank, opt, c[C_STEP], c[2], norm,
-               norm if flags & FLAG_FRESH_IS_NORM else _NAN if flags & 2 else c[4],
-               _NAN if flags & 4 else c[5], c[7], c[8], c[9], c[10],
-               bool(flags & FLAG_SKIPPED), resets_of(c[SUMMARY]),
-               _NAN if flags & NAN_BITS["loss"] else c[16], _lr_of(c[17]))
+    fresh = c[3] if c[6] & FLAG_FRESH_IS_NORM else c[4]
+    return _row(rank, opt, c[C_STEP], c[2], c[3], fresh, c[5], c[6], c[7], c[8], c[9], c[10],
+                c[SUMMARY], c[16], c[17])
+
+
+def to_row(t: tuple[Any, ...]) -> Row:
+    """A row as :data:`STEP_SELECT` reads it, as a :class:`Row` (NaN restored)."""
+    return _row(*t)
+
+
+def _row(rank: int, opt: str, step: int, t: float, norm: float | None,
+         fresh: float | None, drift: float | None, flags: int, stale: int, leaked: int,
+         late: int, discarded: int, resets: str | None, loss: float | None,
+         lr: str | None) -> Row:
+    """A :class:`Row` from stored values: NaN where its flag says so (SQLite stores NULL)."""
+    return Row(rank, opt, step, t, _NAN if flags & 1 else norm,
+               _NAN if flags & 2 else fresh, _NAN if flags & 4 else drift,
+               stale, leaked, late, discarded, bool(flags & FLAG_SKIPPED), resets_of(resets),
+               _NAN if flags & NAN_BITS["loss"] else loss, _lr_of(lr))
 
 
 @lru_cache(maxsize=256)
 def _lr_of(text: str | None) -> tuple[float | None, ...] | None:
     """Learning rates as :func:`_json_norms` stored them (a run's few values repeat)."""
     return None if text is None else tuple(_json_float(x) for x in json.loads(text))
-
-
-def to_row(t: tuple[Any, ...]) -> Row:
-    """A row as :data:`STEP_SELECT` reads it, as a :class:`Row` (NaN restored)."""
-    flags = t[7]
-    return Row(t[0], t[1], t[2], t[3],
-               _NAN if flags & 1 else t[4],
-               _NAN if flags & 2 else t[5],
-               _NAN if flags & 4 else t[6],
-               t[8], t[9], t[10], t[11], bool(flags & FLAG_SKIPPED),
-               resets_of(t[12]), _NAN if flags & NAN_BITS["loss"] else t[13], _lr_of(t[14]))
 
 
 @lru_cache(maxsize=4096)

@@ -4,7 +4,6 @@ compared with what the training loop itself computed."""
 from __future__ import annotations
 
 import math
-import struct
 import threading
 from pathlib import Path
 from typing import Any
@@ -24,13 +23,9 @@ def _recorded(losses: list[float]) -> list[float]:
     """The losses as a step records them: a float32 value (one backward's) to float32's 9
     digits, which round back to it exactly; a sum in float64 as it is."""
     out = [encoding.at_float32_precision(x) if encoding.is_float32([x]) else x for x in losses]
-    assert all(_f32(y) == x for x, y in zip(losses, out, strict=True)
+    assert all(encoding.as_float32(y) == x for x, y in zip(losses, out, strict=True)
                if encoding.is_float32([x]))
     return out
-
-
-def _f32(x: float) -> float:
-    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def _steps(path: Path, opt: str | None = None) -> list[Step]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-import struct
 from typing import Any
 
 import pytest
 import torch
 
+from gradwatch.encoding import as_float32
 from tests.probe.probe_helpers import batch, loss_of, mlp
 
 
@@ -277,7 +277,7 @@ def test_scalars_are_recorded_to_the_precision_their_parts_carry(watched: Any,
         assert s.norm == pytest.approx(_total(s.param_norms), rel=1e-8)
         if f32:  # 9 digits: the float32 loss comes back exact when rounded to float32
             assert _digits(s.norm) <= 9 and _digits(s.loss) <= 9
-            assert struct.unpack("f", struct.pack("f", s.loss))[0] == loss
+            assert as_float32(s.loss) == loss
         else:  # a float64 model's figures keep every digit
             assert s.loss == loss
             assert s.norm == math.hypot(*s.param_norms)
