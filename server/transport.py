@@ -2,7 +2,11 @@
 
 uvicorn gives no deadline for a request's headers and (with httptools) no limit on their
 size, so a client that sends a request line and then trickles headers, or none, keeps a
-connection forever; :func:`http_protocol` adds both to uvicorn's HTTP protocol class. A
+connection forever; :func:`http_protocol` adds both to uvicorn's HTTP protocol class (h11,
+uvicorn's other parser, has a head limit of its own, ``h11_max_incomplete_event_size``,
+used when httptools is missing; httptools and llhttp have none, and h11 parses bodies in
+Python, slower for large imports). The limit counts the head only: the bytes up to the
+blank line that ends it, however much body arrives in the same read. A
 websocket closed by the app, or by an unanswered ping, while its peer reads nothing keeps
 its socket and unsent buffer forever (asyncio closes a transport only once its buffer
 drained) and the app never hears it went; :func:`ws_protocol` aborts it instead.
@@ -49,6 +53,15 @@ def _status(code: int, phrase: str, detail: str) -> bytes:
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
 
 
+def head_end(data: bytes) -> int:
+    """Index just past the blank line ending a request head in ``data``; -1: not in it.
+
+    llhttp accepts bare LF line ends as well as CRLF, so either blank line ends a head.
+    """
+    ends = [i + len(m) for m in (b"\r\n\r\n", b"\n\n") if (i := data.find(m)) >= 0]
+    return min(ends) if ends else -1
+
+
 def http_protocol(settings: Settings) -> Any:
     """uvicorn's httptools protocol with a header deadline and a head-size limit.
 
@@ -67,6 +80,8 @@ def http_protocol(settings: Settings) -> Any:
 
         _head_timer: asyncio.TimerHandle | None = None
         _head_bytes = 0
+        _head_tail = b""
+        """The last bytes of the head so far: a blank line may span two reads."""
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -74,7 +89,7 @@ def http_protocol(settings: Settings) -> Any:
 
         def _arm(self) -> None:
             if self._head_timer is None:
-                self._head_bytes = 0
+                self._head_bytes, self._head_tail = 0, b""
                 self._head_timer = self.loop.call_later(timeout, self._head_late)
 
         def _disarm(self) -> None:
@@ -94,13 +109,25 @@ def http_protocol(settings: Settings) -> Any:
 
         def data_received(self, data: bytes) -> None:
             if self._head_timer is not None:
-                self._head_bytes += len(data)
+                self._count_head(data)
                 if self._head_bytes > limit:
                     self._disarm()
                     self._refuse(431, "Request Header Fields Too Large",
                                  f"request head over {limit} bytes")
                     return
             super().data_received(data)
+
+        def _count_head(self, data: bytes) -> None:
+            # Only the bytes up to the head's end count: a client writing head and body
+            # at once (urllib, a single sendall, curl under load) hands both in one read.
+            seen = self._head_tail + data
+            end = head_end(seen)
+            if end < 0:
+                self._head_bytes += len(data)
+                self._head_tail = seen[-3:]
+            else:
+                self._head_bytes += end - len(self._head_tail)
+                self._head_tail = b""
 
         def on_message_begin(self) -> None:  # the next request of a kept-alive connection
             super().on_message_begin()
