@@ -30,6 +30,10 @@ NEEDS: dict[str, tuple[Requirement, ...]] = {
 """What a subcommand needs beyond the base install; a missing one is named in one line
 before anything is imported (``demo`` imports torch and starts the server only later)."""
 
+STOPPED_BY_CTRL_C = ("serve", "demo")
+"""Commands that run until Ctrl-C: it is their normal end (exit 0) at any moment; any
+other command it interrupts exits 130 (128 + SIGINT), as a shell reports it."""
+
 USAGE = "usage: gradwatch {" + ",".join(COMMANDS) + "} ...\n\n" + "\n".join(
     f"  {name:<8}{help_}" for name, (_, help_) in COMMANDS.items()
 )
@@ -57,12 +61,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     module_name = COMMANDS[name][0]
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:  # a broken install: say which import failed, in one line
-        print(f"gradwatch {name}: cannot load {module_name}: {e}", file=sys.stderr)
-        return 2
-    try:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:  # a broken install: say which import failed, in one line
+            print(f"gradwatch {name}: cannot load {module_name}: {e}", file=sys.stderr)
+            return 2
         rc: int = module.main(args[1:])
+    except KeyboardInterrupt:
+        # A Ctrl-C the command did not handle itself (it came while the command was still
+        # importing or starting up): one line, not a traceback from wherever it landed.
+        print(f"gradwatch {name}: stopped", file=sys.stderr, flush=True)
+        return 0 if name in STOPPED_BY_CTRL_C else 130
     except BrokenPipeError:  # the reader of our output went away (`| head`): end quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -11,6 +11,7 @@ keeps running until Ctrl-C.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -31,13 +32,30 @@ log = logging.getLogger("gradwatch.demo")
 PHASES = ("correct", "forgot_zero_grad", "late_reset", "accumulation")
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+def _port_in_use(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port``, tested the way the server binds it.
+
+    uvicorn binds through asyncio's ``create_server``, which sets ``SO_REUSEADDR``: the
+    connections a server that just stopped leaves in TIME-WAIT do not stop it, a listening
+    socket does. A plain ``bind`` would refuse the port for a minute after every stop. Only
+    "address in use" counts; any other failure (an address not on this machine) is left to
+    the server's own bind, which says what is wrong.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except OSError:
+        return False
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as s:
+            if os.name != "nt":  # on Windows SO_REUSEADDR would share a listening port
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(addr)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return True
+    return False
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -165,7 +183,7 @@ def main(argv: Sequence[str]) -> int:
         parser.error(f"--port must be 1-65535, got {args.port}")
     if args.steps_per_phase < 1:
         parser.error("--steps-per-phase must be at least 1")
-    if not _port_free(args.host, args.port):
+    if _port_in_use(args.host, args.port):
         print(f"gradwatch demo: port {args.port} on {args.host} is in use (another gradwatch?)"
               f"; pick another with --port or GRADWATCH_PORT", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
@@ -82,6 +82,8 @@ def worker_init(parent: int) -> None:
     rare cycle holds (an error's traceback) waits for the next collection.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # spawned with it blocked: see sigint_held()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     gc.disable()
     with contextlib.suppress(OSError):  # bulk work: the server process (live frames, acks,
         os.nice(PARSER_NICE)            # storage) runs first when the cores are short
@@ -96,6 +98,26 @@ def worker_init(parent: int) -> None:
         os._exit(0)
 
     threading.Thread(target=watch, name="gradwatch-parent-watch", daemon=True).start()
+
+
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """Hold SIGINT back from this thread, and from the processes it spawns meanwhile.
+
+    A spawned process inherits the signal mask across fork and exec, so a Ctrl-C that
+    reaches the process group while a parser process is still importing stays pending in it
+    until :func:`worker_init` ignores it, instead of raising a KeyboardInterrupt traceback
+    there (multiprocessing's resource tracker is started the same way). The server loses
+    no Ctrl-C: its other threads take it meanwhile, or this one once released.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no process groups to signal
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class FrameParser:
@@ -119,7 +141,9 @@ class FrameParser:
         use): submitted together, no worker is idle yet, so the pool starts one each."""
         if isinstance(self._pool, ProcessPoolExecutor):
             hello = Hello(run="warm-up").model_dump_json()
-            self._warm = [self._pool.submit(parse_frame, hello) for _ in range(self.workers)]
+            with sigint_held():  # submit() spawns the processes
+                self._warm = [self._pool.submit(parse_frame, hello)
+                              for _ in range(self.workers)]
 
     async def started(self) -> None:
         """Once the workers :meth:`start` warmed up are ready (nothing to wait for in a

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import http.client
+import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
+
+import pytest
 
 
 def free_port() -> int:
@@ -39,9 +45,6 @@ def test_demo_refuses_a_bad_port() -> None:
 
 
 def test_sigterm_stops_the_demo_and_its_server(tmp_path: Path) -> None:
-    import time
-    import urllib.request
-
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gradwatch.cli", "demo", "--port", str(port), "--data",
@@ -63,3 +66,65 @@ def test_sigterm_stops_the_demo_and_its_server(tmp_path: Path) -> None:
         raise AssertionError("the server outlived the demo")
     except OSError:
         pass
+
+
+def _time_wait_on(port: int) -> int:
+    """Connections in TIME-WAIT whose local port is ``port`` (Linux: /proc/net/tcp)."""
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            n += state == "06" and int(local.rsplit(":", 1)[1], 16) == port
+    return n
+
+
+def test_demo_starts_at_once_on_the_port_a_server_just_left(tmp_path: Path) -> None:
+    """A server stopped with a connection open closes it first, which leaves the port's side
+    of it in TIME-WAIT for a minute; nothing listens, so the demo must start, as serve does."""
+    port = free_port()
+    serve = subprocess.Popen([sys.executable, "-m", "gradwatch.cli", "serve", "--port",
+                              str(port), "--data", str(tmp_path / "first"), "--log-level",
+                              "warning", "--parse-processes", "0"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        for _ in range(600):
+            try:
+                conn.request("GET", "/healthz")
+                conn.getresponse().read()  # keep-alive: the connection stays open
+                break
+            except OSError:
+                conn.close()
+                assert serve.poll() is None, "the first server did not start"
+                time.sleep(0.05)
+        serve.send_signal(signal.SIGINT)  # the server closes the open connection first
+        assert serve.wait(timeout=30) == 0
+        conn.close()
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    if _time_wait_on(port) == 0:
+        pytest.skip("the stop left no TIME-WAIT connection on this system")
+    r = subprocess.run(
+        [sys.executable, "-m", "gradwatch.cli", "demo", "--once", "--port", str(port),
+         "--data", str(tmp_path / "demo"), "--steps-per-phase", "2", "--pace", "0"],
+        capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "in use" not in r.stderr
+    assert f"http://127.0.0.1:{port}/" in r.stdout
+
+
+def test_demo_refuses_a_port_something_listens_on(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "gradwatch.cli", "demo", "--once", "--port",
+                            str(port), "--data", str(tmp_path / "d")],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert f"port {port} on 127.0.0.1 is in use" in r.stderr
