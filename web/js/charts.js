@@ -121,7 +121,6 @@ export class MainChart extends LiveFigure {
   }
 
   buildLayout(range) {
-    this.shown = shownPanels(this.series.values(), this.scalars.size);
     const layout = chartLayout({ logScale: this.logScale, range, shapes: [], rows: this.rows,
       height: this.gd.clientHeight, shown: this.shown });
     this.bands = findingShapes(this.findingList, layout, this.activeKey, this.keyOf);
@@ -156,6 +155,10 @@ export class MainChart extends LiveFigure {
   }
 
   buildTraces() {
+    // Which panels are drawn is settled here, before the traces: draw() builds the traces
+    // first, and a trace of a panel not yet known to be shown is made invisible (a stored
+    // run opened cold drew its loss and lr panels empty).
+    this.shown = shownPanels(this.series.values(), this.scalars.size);
     const pts = emptyPoints();
     const pos = this.rowPos();
     for (const s of this.series.values()) eventPoints(s, 0, s.length, pts, pos);
