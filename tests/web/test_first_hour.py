@@ -1,6 +1,8 @@
 """What a new user sees first, read back from what Chromium drew (issue 31): a stored run
 opened cold from its URL draws its loss and learning-rate lines (the SVG paths of those
-subplots, not the figure's data), on the page and in the PNG export.
+subplots, not the figure's data), on the page and in the PNG export; at 1280×720 and
+1440×900 the run list's names and dates are whole, no two tick labels of a panel collide
+(linear or log scale), and the export's legend stays clear of its subtitle and plot.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pytest
 from gradwatch.wire import End, Step
 from tests.serverproc import ServerProc
 
-from .conftest import Page
+from .conftest import ARTIFACTS, Page
 from .dash import header, ingest, optimizer, steps, wait_for
 
 pytestmark = pytest.mark.browser
@@ -55,17 +57,27 @@ def lossy(n: int) -> list[Step]:
     return out
 
 
+LONG_NAMES = ["bert-base-finetune-squad-v2-lr3e-5-warmup0.1-seed42",
+              "resnet50_imagenet_bs256_cosine_lr0.1_wd1e-4_epochs90_mixed-precision"]
+SIZES = [{"width": 1280, "height": 720}, {"width": 1440, "height": 900}]
+
+
 async def stored_run(server: ServerProc) -> None:
     sent = lossy(N)
     await ingest(server.ws, "cold", [header("cold", "cold-start"), optimizer(), *sent,
                                      End(seq=sent[-1].seq + 1, t=sent[-1].t + 1, steps=N)])
+    for k, name in enumerate(LONG_NAMES):
+        few = steps(30, missed=(10, 20) if k else None)
+        await ingest(server.ws, f"long{k}", [
+            header(f"long{k}", name, t=1_700_000_000.0 + 3600 * (k + 1)), optimizer(), *few,
+            End(seq=few[-1].seq + 1, t=few[-1].t + 1, steps=30)])
 
 
 async def drawn_points(page: Any, root: str, subplot: str) -> list[int]:
     return await page.evaluate(DRAWN, [root, subplot])
 
 
-async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines(
+async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines_and_reads_cleanly(
         server: ServerProc, page: Page) -> None:
     await stored_run(server)
     await page.goto(f"{server.http}/?run=cold")
@@ -81,10 +93,67 @@ async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines(
     assert got["xy3"] and max(got["xy3"]) >= N // 2, f"loss panel drawn empty: {got}"
     assert got["xy4"] and max(got["xy4"]) >= 10, f"lr panel drawn empty: {got}"
 
-    # The PNG export has the same lines (no empty band where the loss was).
+    # The PNG export has the same lines (no empty band where the loss was), and its legend
+    # lies between the subtitle and the plot, touching neither.
     await page.evaluate(EXPORT)
     exported = {s: await drawn_points(page, "#export-probe", s) for s in ("xy3", "xy4")}
     assert max(exported["xy3"]) >= N // 2 and max(exported["xy4"]) >= 10, exported
+    (sub,) = await page.evaluate(BOXES, "#export-probe .gtitle-subtitle")
+    (legend,) = await page.evaluate(BOXES, "#export-probe .legend")
+    plot = await page.evaluate("""() => { const box = document.getElementById('export-probe');
+      return {y: box.getBoundingClientRect().top + box._fullLayout.yaxis._offset}; }""")
+    assert "run cold" in sub["text"] and "200 steps" in sub["text"]
+    assert sub["y"] + sub["h"] <= legend["y"], (sub, legend)
+    assert legend["y"] + legend["h"] <= plot["y"], (legend, plot)
+    assert "cold-start" in await page.evaluate(
+        "() => document.querySelector('#export-probe .gtitle').textContent")
+    await page.locator("#export-probe").screenshot(path=str(ARTIFACTS / "web-first-hour-export.png"))
+    await page.evaluate("() => document.getElementById('export-probe').remove()")
+
+    for size in SIZES:
+        await page.set_viewport_size(size)
+        tag = f"{size['width']}x{size['height']}"
+        # The run list: every name whole (wrapped, never cut), its full name on hover, and
+        # its steps, findings and start date each whole inside the list.
+        for name in LONG_NAMES:
+            item = page.locator("#runs .name", has_text=name)
+            assert await item.text_content() == name
+            assert name in await item.get_attribute("title")
+        rows = await page.evaluate("""() => Array.from(document.querySelectorAll('#runs li'))
+          .map(li => { const r = li.getBoundingClientRect();
+            return Array.from(li.querySelectorAll('.name, .meta > span')).map(e => {
+              const b = e.getBoundingClientRect();
+              return {text: e.textContent, sw: e.scrollWidth, cw: e.clientWidth,
+                      inside: b.left >= r.left - 0.5 && b.right <= r.right + 0.5 && b.width > 0};
+            }); })""")
+        assert len(rows) == 3
+        for row in rows:
+            for part in row:
+                assert part["inside"] and part["sw"] <= part["cw"] + 1, (tag, part)
+            assert any(p["text"].startswith("2023") or "ago" in p["text"] or ":" in p["text"]
+                       for p in row[1:]), row  # the start date is one of the parts
+
+        for log in (False, True):
+            if await page.locator("#chk-log").is_checked() != log:
+                await page.locator("#chk-log").click()
+
+            async def settled() -> dict[str, list[dict[str, Any]]] | None:
+                kind = await page.evaluate(
+                    "() => document.getElementById('chart')._fullLayout.yaxis3.type")
+                ticks = await page.evaluate(TICKS, "#chart")
+                want = {"y", "y2", "y3", "y4"}
+                return ticks if want <= set(ticks) and kind == ("log" if log else "linear") \
+                    else None
+
+            await page.wait_for_timeout(400)  # the resize redraw, the log relayout
+            ticks = await wait_for(settled)
+            for ax, labels in ticks.items():
+                # Each panel (not the event strip, "y6") says at least two values; a short
+                # log panel spanning decades has room for one power of ten.
+                assert ax == "y6" or len(labels) >= (1 if log and ax == "y4" else 2), \
+                    (tag, log, ax, labels)
+                assert crowded(labels) == [], (tag, log, ax, crowded(labels))
+            await page.screenshot(path=str(ARTIFACTS / f"web-first-hour-{tag}-{'log' if log else 'lin'}.png"))
     assert page.errors == []
 
 
