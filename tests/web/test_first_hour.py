@@ -110,6 +110,39 @@ async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines_and_reads_cl
     await page.locator("#export-probe").screenshot(path=str(ARTIFACTS / "web-first-hour-export.png"))
     await page.evaluate("() => document.getElementById('export-probe').remove()")
 
+    # Smoothing: the ‖grad‖ and loss lines get TensorBoard's debiased EMA on top, the raw
+    # lines faint behind; read back from the drawn paths, to half a pixel.
+    sent = lossy(N)
+    await page.locator("#rng-smooth").fill("0.6")
+    assert "smooth=0.6" in page.url
+
+    async def smoothed() -> list[Any] | None:
+        norm = await page.evaluate(DRAWN_DATA, ["#chart", "xaxis", "yaxis"])
+        loss = await page.evaluate(DRAWN_DATA, ["#chart", "xaxis", "yaxis3"])
+        return (norm, loss) if len(norm) == 3 and len(loss) == 2 and all(
+            t["points"] for t in (norm[2], loss[1])) else None
+
+    norm, loss = await wait_for(smoothed)
+    for (raw, smooth), col in (((norm[0], norm[2]), [st.norm for st in sent]),
+                               ((loss[0], loss[1]), [st.loss for st in sent])):
+        want = tensorboard_ema([float(v) for v in col], 0.6)
+        assert len(smooth["points"]) >= N // 2
+        tol = smooth["tol"]
+        bad = [b for b in off_by(smooth["points"], want) if abs(b[1] - b[2]) > tol]
+        assert bad == [], bad[:5]
+        # the raw line is still drawn, faint; the smoothed one is not the raw one
+        assert raw["opacity"] < 0.5 <= smooth["opacity"] and len(raw["points"]) >= N // 2
+        assert off_by(smooth["points"], [float(v) for v in col])
+    await page.screenshot(path=str(ARTIFACTS / "web-first-hour-smoothed.png"))
+    await page.locator("#rng-smooth").fill("0")
+
+    async def raw_again() -> bool:
+        norm = await page.evaluate(DRAWN_DATA, ["#chart", "xaxis", "yaxis"])
+        return len(norm) == 2 and norm[0]["opacity"] == 1  # ‖grad‖ and fresh only
+
+    await wait_for(raw_again)
+    assert "smooth=" not in page.url
+
     for size in SIZES:
         await page.set_viewport_size(size)
         tag = f"{size['width']}x{size['height']}"
@@ -174,6 +207,39 @@ TICKS = """root => { const out = {};
     (out[ax] = out[ax] || []).push({y: r.y, h: r.height, text: t.textContent});
   }
   return out; }"""
+
+
+# Each drawn line of a subplot as data points: the path's pixels mapped back through the
+# subplot's axes (the path is drawn in the plot area's own coordinates), and its opacity.
+DRAWN_DATA = """([root, xa, ya]) => { const gd = document.querySelector(root);
+  const X = gd._fullLayout[xa], Y = gd._fullLayout[ya];
+  const sub = 'x' + (ya === 'yaxis' ? 'y' : 'y' + ya.slice(5));
+  return Array.from(gd.querySelectorAll(`.subplot.${sub} .scatterlayer .trace`)).map(g => {
+    const p = g.querySelector('path.js-line');
+    const pts = ((p && p.getAttribute('d')) || '').split(/[ML]/).filter(s => s.trim())
+      .map(s => s.split(',').map(Number)).map(([px, py]) => [X.p2c(px), Y.p2c(py)]);
+    return {opacity: Number(getComputedStyle(g).opacity), points: pts,
+            tol: Math.abs(Y.p2c(0) - Y.p2c(0.5))}; }); }"""
+
+
+def tensorboard_ema(values: list[float], w: float) -> list[float]:
+    """TensorBoard's debiased EMA, written out plainly."""
+    out, last, n = [], 0.0, 0
+    for v in values:
+        last = last * w + (1 - w) * v
+        n += 1
+        out.append(last / (1 - w ** n))
+    return out
+
+
+def off_by(drawn: list[list[float]], want: list[float]) -> list[tuple[float, float, float]]:
+    """Drawn points that are not on the reference line (step, drawn, wanted)."""
+    bad = []
+    for x, y in drawn:
+        i = round(x)
+        if abs(x - i) > 0.05 or not 0 <= i < len(want) or abs(y - want[i]) > 1e-9:
+            bad.append((x, y, want[i] if 0 <= i < len(want) else math.nan))
+    return bad
 
 
 def overlap(a: dict[str, float], b: dict[str, float]) -> bool:

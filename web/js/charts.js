@@ -13,7 +13,7 @@ import { plotText, plottable } from "./format.js";
 import { chartLayout, chartShapes, findingShapes } from "./layout.js";
 import { renderLegend } from "./legend.js";
 import { loadPlotly, whenPlotly } from "./loadplotly.js";
-import { PANELS, axisId, panelIndex, panelTraces, shownPanels } from "./panels.js";
+import { PANELS, axisId, panelIndex, panelTraces, shownPanels, traceValues } from "./panels.js";
 import { drawPreview } from "./preview.js";
 import { compact } from "./series.js";
 
@@ -50,6 +50,14 @@ export class MainChart extends LiveFigure {
     this.colors = new Map(); // series key -> colour, kept for the life of the view
     this.shown = PANELS.map((p) => !p.optional); // panels drawn (shownPanels)
     this.scalars = new Map(); // logged name -> {x: steps, y: values}, in step order
+    this.smoothing = 0; // EMA weight of the smoothed lines (smoothing.js); 0: raw only
+  }
+
+  /** Smooth the ‖grad‖ and loss lines with EMA weight `w` (0: off) and redraw. */
+  setSmoothing(w) {
+    if (w === this.smoothing) return Promise.resolve();
+    this.smoothing = w;
+    return this.ready ? this.redraw() : Promise.resolve();
   }
 
   /**
@@ -146,7 +154,7 @@ export class MainChart extends LiveFigure {
       meta: { opt: s.opt, rank: s.rank, field: spec.field },
       line: { color, width: spec.width, dash: spec.dash || "solid" },
       opacity: spec.opacity || 1, hovertemplate: `${spec.hover}<extra>%{fullData.name}</extra>`,
-    }), null, this.shown);
+    }), null, this.shown, this.smoothing);
   }
 
   /** Row positions on the strip. */
@@ -207,7 +215,7 @@ export class MainChart extends LiveFigure {
       let appears = false; // a value for a panel not shown yet (the first loss of a run)
       PANELS.forEach((panel, p) => {
         for (const spec of panel.traces) {
-          const ys = s[spec.column].slice(from);
+          const ys = traceValues(s, spec, this.smoothing, from);
           if (!this.shown[p] && ys.some((v) => v !== null)) appears = true;
           batch.xs.push(x);
           batch.ys.push(ys);

@@ -24,7 +24,8 @@ export class RunView {
   /**
    * @param {string} runId
    * @param {(state: object) => void} onSocketState
-   * @param {{range: number[]|null, finding: string|null, log: boolean}} initial from the URL
+   * @param {{range: number[]|null, finding: string|null, log: boolean, smooth: number}} initial
+   *   from the URL
    */
   constructor(runId, onSocketState, initial) {
     this.runId = runId;
@@ -45,6 +46,9 @@ export class RunView {
     this.chart = new MainChart($("chart"), { onRange: (r) => this.onRange(r) }, $("legend"));
     this.chart.logScale = initial.log;
     $("chk-log").checked = initial.log;
+    this.chart.smoothing = initial.smooth || 0;
+    $("rng-smooth").value = String(this.chart.smoothing);
+    setText("smooth-val", this.chart.smoothing.toFixed(2));
     this.verdict = new VerdictPanel($("findings"), (f) => this.pickFinding(f));
     this.announcer = new Announcer($("notices"), (f) => this.verdict.pick(f));
     this.params = new ParamsView({
@@ -90,6 +94,14 @@ export class RunView {
     $("chk-log").addEventListener("change", (ev) => {
       this.chart.setLogScale(ev.target.checked);
       updateState({ log: ev.target.checked });
+    });
+    $("rng-smooth").addEventListener("input", (ev) => {
+      const w = Number(ev.target.value);
+      setText("smooth-val", w.toFixed(2));
+      updateState({ smooth: w > 0 ? w : null });
+      // Dragging fires many inputs: redraw for the latest once per frame.
+      cancelAnimationFrame(this.smoothFrame);
+      this.smoothFrame = requestAnimationFrame(() => this.chart.setSmoothing(w));
     });
     $("btn-png").addEventListener("click", () => this.downloadPng().catch((e) => showToast(String(e))));
     for (const [id, ext] of [["btn-csv", "csv"], ["btn-jsonl", "jsonl"]]) {
@@ -326,6 +338,7 @@ export class RunView {
  */
 function freshControls() {
   const ids = ["btn-follow", "btn-freeze", "btn-reset", "btn-png", "btn-csv", "btn-jsonl", "chk-log",
+    "rng-smooth",
     "btn-play", "sel-speed", "slider", "sel-opt", "sel-rank", "sel-metric"];
   for (const id of ids) {
     const old = $(id);
