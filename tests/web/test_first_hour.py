@@ -7,7 +7,9 @@ subplots, not the figure's data), on the page and in the PNG export; at 1280×72
 
 from __future__ import annotations
 
+import json
 import math
+import urllib.request
 from typing import Any
 
 import pytest
@@ -107,7 +109,8 @@ async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines_and_reads_cl
     assert legend["y"] + legend["h"] <= plot["y"], (legend, plot)
     assert "cold-start" in await page.evaluate(
         "() => document.querySelector('#export-probe .gtitle').textContent")
-    await page.locator("#export-probe").screenshot(path=str(ARTIFACTS / "web-first-hour-export.png"))
+    await page.locator("#export-probe").screenshot(
+        path=str(ARTIFACTS / "web-first-hour-export.png"))
     await page.evaluate("() => document.getElementById('export-probe').remove()")
 
     # Smoothing: the ‖grad‖ and loss lines get TensorBoard's debiased EMA on top, the raw
@@ -170,7 +173,7 @@ async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines_and_reads_cl
             if await page.locator("#chk-log").is_checked() != log:
                 await page.locator("#chk-log").click()
 
-            async def settled() -> dict[str, list[dict[str, Any]]] | None:
+            async def settled(log: bool = log) -> dict[str, list[dict[str, Any]]] | None:
                 kind = await page.evaluate(
                     "() => document.getElementById('chart')._fullLayout.yaxis3.type")
                 ticks = await page.evaluate(TICKS, "#chart")
@@ -186,7 +189,31 @@ async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines_and_reads_cl
                 assert ax == "y6" or len(labels) >= (1 if log and ax == "y4" else 2), \
                     (tag, log, ax, labels)
                 assert crowded(labels) == [], (tag, log, ax, crowded(labels))
-            await page.screenshot(path=str(ARTIFACTS / f"web-first-hour-{tag}-{'log' if log else 'lin'}.png"))
+            scale = "log" if log else "lin"
+            await page.screenshot(path=str(ARTIFACTS / f"web-first-hour-{tag}-{scale}.png"))
+
+    # Notes and tags: typed on the run page, saved on leaving the field, shown as chips in
+    # the run list, found by its search, and in the run's step-log export.
+    await page.locator("#run-tags").fill("baseline, warm-up , baseline")
+    await page.locator("#run-notes-text").fill("warm-up too short?\nloss flat after 150")
+    await page.locator("#run-search").click()  # leaving both fields saves them
+    await wait_for(lambda: page.locator("#notes-state").text_content(), timeout=10)
+    item = page.locator("#runs li[data-run='cold']")
+    await wait_for(lambda: item.locator(".tag").all_text_contents())
+    assert await item.locator(".tag").all_text_contents() == ["baseline", "warm-up"]
+    assert await page.locator("#run-tags").input_value() == "baseline, warm-up"
+    for query, shown in (("warm-up", ["cold"]), ("FLAT AFTER", ["cold"]), ("squad", ["long0"])):
+        await page.locator("#run-search").fill(query)
+        visible = await page.evaluate("""() => Array.from(document.querySelectorAll('#runs li'))
+          .filter(li => !li.hidden).map(li => li.dataset.run)""")
+        assert visible == shown, (query, visible)
+    await page.locator("#run-search").fill("")
+    assert "loss flat after 150" in (await item.locator(".name").get_attribute("title"))
+    with urllib.request.urlopen(f"{server.http}/api/runs/cold/export?format=jsonl") as r:
+        head = json.loads(r.readline())
+    assert head["type"] == "header" and head["tags"] == ["baseline", "warm-up"]
+    assert head["notes"] == "warm-up too short?\nloss flat after 150"
+    await page.screenshot(path=str(ARTIFACTS / "web-first-hour-notes.png"))
     assert page.errors == []
 
 
@@ -224,10 +251,9 @@ DRAWN_DATA = """([root, xa, ya]) => { const gd = document.querySelector(root);
 
 def tensorboard_ema(values: list[float], w: float) -> list[float]:
     """TensorBoard's debiased EMA, written out plainly."""
-    out, last, n = [], 0.0, 0
-    for v in values:
+    out, last = [], 0.0
+    for n, v in enumerate(values, start=1):
         last = last * w + (1 - w) * v
-        n += 1
         out.append(last / (1 - w ** n))
     return out
 

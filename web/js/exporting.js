@@ -72,7 +72,8 @@ export function runFigure(gd, run, findings) {
     title: run.name || run.id,
     subtitle: `run ${run.id} · ${run.status || ""} · ${count(run.steps || 0)} steps · ` +
       `${findings ? `${count(findings)} finding${findings === 1 ? "" : "s"}` : "no findings"}` +
-      ` · started ${when(run.started)}`,
+      ` · started ${when(run.started)}` +
+      (run.tags && run.tags.length ? ` · tags: ${run.tags.join(", ")}` : ""),
   });
 }
 

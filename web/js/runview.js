@@ -9,6 +9,7 @@ import { downloadFigure, fileStem, runFigure } from "./exporting.js";
 import { count, setText } from "./format.js";
 import { Announcer, showToast } from "./notices.js";
 import { ParamsView } from "./params.js";
+import { RunNotes } from "./runnotes.js";
 import { Player } from "./player.js";
 import { ingest } from "./series.js";
 import { LiveSocket } from "./socket.js";
@@ -60,6 +61,7 @@ export class RunView {
       readout: $("readout"),
     }, (step) => this.showStep(step));
     this.bindToolbar();
+    this.notes = new RunNotes(runId);
     this.resetDom();
     this.socket = new LiveSocket("/ws/live", { run: runId, max_points: maxPoints($("chart")) }, {
       snapshot: (f) => this.onSnapshot(f),
@@ -174,6 +176,7 @@ export class RunView {
     const wasLive = this.live;
     this.summary = run;
     renderSummary(run);
+    this.notes.set(run);
     this.verdict.setSummary(run);
     document.title = `${run.name || run.id} · gradwatch`;
     if (wasLive && !this.live) {
@@ -338,7 +341,7 @@ export class RunView {
  */
 function freshControls() {
   const ids = ["btn-follow", "btn-freeze", "btn-reset", "btn-png", "btn-csv", "btn-jsonl", "chk-log",
-    "rng-smooth",
+    "rng-smooth", "run-tags", "run-notes-text",
     "btn-play", "sel-speed", "slider", "sel-opt", "sel-rank", "sel-metric"];
   for (const id of ids) {
     const old = $(id);
