@@ -89,6 +89,10 @@ class RunSummary(_Frame):
     optimizers: list[str]
     dropped: int
     torch_version: str
+    notes: str = ""
+    """What the user wrote about the run (``PATCH /api/runs/{id}``)."""
+    tags: list[str] = Field(default_factory=list)
+    """The run's tags, in the order given."""
 
 
 class OptimizerView(_Frame):

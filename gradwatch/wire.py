@@ -99,6 +99,14 @@ class _Record(_Model):
     """Wall-clock time (Unix seconds) when the probe made the record."""
 
 
+NOTES_MAX = 10_000
+"""The longest run notes (characters)."""
+TAG_MAX = 64
+"""The longest tag (characters)."""
+TAGS_MAX = 32
+"""Tags a run may carry."""
+
+
 class Header(_Record):
     """First line of every step log and first record of every stream."""
 
@@ -119,6 +127,12 @@ class Header(_Record):
     worker: NonNegInt | None = None
     """Set in a process the training script started itself (``torch.multiprocessing``
     workers under ``gradwatch run``): its number in the run; None in a launched process."""
+    notes: str = Field(default="", max_length=NOTES_MAX)
+    """The run's notes, as written on its dashboard page (a step log exported by the
+    server carries them; a log written by a probe has none)."""
+    tags: list[Annotated[str, Field(min_length=1, max_length=TAG_MAX)]] = Field(
+        default_factory=list, max_length=TAGS_MAX)
+    """The run's tags, as given on its dashboard page (like :attr:`notes`)."""
 
     @field_validator("v")
     @classmethod

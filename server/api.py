@@ -34,7 +34,7 @@ from gradwatch.server.errors import (
 from gradwatch.server.exports import export_csv, export_lines
 from gradwatch.server.importing import MultipartFile
 from gradwatch.server.runs import Runs
-from gradwatch.wire import INT64_MAX, Finding, Header
+from gradwatch.wire import INT64_MAX, NOTES_MAX, TAG_MAX, TAGS_MAX, Finding, Header
 
 router = APIRouter(prefix="/api")
 
@@ -65,8 +65,10 @@ class FindingList(BaseModel):
 
 
 class RunRename(BaseModel):
-    """A new display name for a run."""
-    name: str
+    """What to change of a run: its display name, notes, tags (each optional)."""
+    name: str | None = None
+    notes: str | None = None
+    tags: list[str] | None = None
 
 
 _NAME_MAX = next(m.max_length for m in Header.model_fields["run_name"].metadata
@@ -86,6 +88,31 @@ def _run_name(raw: str) -> str:
         raise HTTPException(400, "a run name cannot hold control characters (newlines, "
                                  "tabs)")
     return name
+
+
+def _notes(raw: str) -> str:
+    """Run notes as typed (trailing space trimmed); a 400 that says why when too long."""
+    notes = raw.rstrip()
+    if len(notes) > NOTES_MAX:
+        raise HTTPException(400, f"run notes have at most {NOTES_MAX} characters (these have "
+                                 f"{len(notes)})")
+    return notes
+
+
+def _tags(raw: list[str]) -> list[str]:
+    """Tags as given, trimmed, empty ones and repeats dropped; a 400 that names the bad
+    one."""
+    out: list[str] = []
+    for t in (x.strip() for x in raw):
+        if not t or t in out:
+            continue
+        if len(t) > TAG_MAX or any(ord(c) < 32 or ord(c) == 127 for c in t):
+            raise HTTPException(400, f"a tag has 1-{TAG_MAX} characters and no control "
+                                     f"characters: {t[:TAG_MAX]!r}")
+        out.append(t)
+    if len(out) > TAGS_MAX:
+        raise HTTPException(400, f"a run has at most {TAGS_MAX} tags (these are {len(out)})")
+    return out
 
 
 class Imported(BaseModel):
@@ -194,10 +221,24 @@ async def export(run_id: str, request: Request, format: Literal["jsonl", "csv"] 
         "Content-Disposition": f'attachment; filename="{run_id}.{ext}"'})
 
 
-@router.patch("/runs/{run_id}", response_model=RunSummary, summary="Rename a run")
+@router.patch("/runs/{run_id}", response_model=RunSummary,
+              summary="Rename a run, or set its notes and tags")
 async def rename(run_id: str, body: RunRename, request: Request) -> Response:
-    """Give a run a new display name (distinct from every other run's: 409 otherwise)."""
-    summary = await _runs(request).rename(run_id, _run_name(body.name))
+    """Give a run a new display name (distinct from every other run's: 409 otherwise),
+    and/or new notes or tags. Everything is checked before anything is changed."""
+    if body.name is None and body.notes is None and body.tags is None:
+        raise HTTPException(400, "nothing to change: give name, notes or tags")
+    name = None if body.name is None else _run_name(body.name)
+    notes = None if body.notes is None else _notes(body.notes)
+    tags = None if body.tags is None else _tags(body.tags)
+    runs = _runs(request)
+    summary = None
+    if name is not None:
+        summary = await runs.rename(run_id, name)
+        if summary is None:
+            raise _missing(run_id)
+    if notes is not None or tags is not None:
+        summary = await runs.annotate(run_id, notes, tags)
     if summary is None:
         raise _missing(run_id)
     return _json(summary)

@@ -1,4 +1,4 @@
-"""The SQLite schema of the server's data directory (schema 3), and how connections open.
+"""The SQLite schema of the server's data directory (schema 4), and how connections open.
 
 One database file (``gradwatch.db``, WAL mode) holds every run. A step is stored once, in
 the columns of ``steps`` keyed (series, step) (:mod:`server.steptable` owns them), its
@@ -18,7 +18,7 @@ from pathlib import Path
 DB_NAME = "gradwatch.db"
 CHUNK = 64
 """Steps per pre-aggregated chunk of ``step_agg``."""
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """``PRAGMA user_version`` of a database in the form :data:`SCHEMA` describes."""
 
 SCHEMA = """
@@ -28,7 +28,9 @@ CREATE TABLE IF NOT EXISTS runs(
   steps INTEGER NOT NULL DEFAULT 0, findings INTEGER NOT NULL DEFAULT 0,
   ranks TEXT NOT NULL DEFAULT '[]', optimizers TEXT NOT NULL DEFAULT '[]',
   dropped INTEGER NOT NULL DEFAULT 0, torch_version TEXT NOT NULL DEFAULT '',
-  world_size INTEGER NOT NULL DEFAULT 1, header TEXT NOT NULL);
+  world_size INTEGER NOT NULL DEFAULT 1, header TEXT NOT NULL,
+  notes TEXT NOT NULL DEFAULT '', tags TEXT NOT NULL DEFAULT '[]');
+-- runs.notes, runs.tags (a JSON list): what the user wrote about the run (schema 4).
 CREATE TABLE IF NOT EXISTS streams(
   rid INTEGER, rank INTEGER, max_seq INTEGER NOT NULL, ended TEXT,
   dropped INTEGER NOT NULL DEFAULT 0, acked INTEGER, key_hash TEXT,

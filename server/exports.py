@@ -1,5 +1,8 @@
 """Exports: a stored run as a step log (one rank) or as CSV of its step rows, streamed.
 
+A step log's header carries the run's notes and tags as they are now (``Header.notes``,
+``Header.tags``), so an import of it keeps them.
+
 Step records are rebuilt from their columns (:func:`server.steptable.step_record`), equal
 in meaning to the records received, and written at today's version. Each export reads in
 one transaction of its own connection, so it sees one state of the run however long the
@@ -19,7 +22,7 @@ from gradwatch.server import db
 from gradwatch.server.reader import Reader
 from gradwatch.server.rows import Row
 from gradwatch.server.steptable import RECORD_SELECT, STEP_SELECT, step_record, to_row
-from gradwatch.wire import Scalars, Step, dump_record, parse_record
+from gradwatch.wire import Header, Scalars, Step, dump_record, parse_record
 
 
 def export_lines(reader: Reader, run_id: str, rank: int = 0) -> Iterator[str] | None:
@@ -35,11 +38,14 @@ def export_lines(reader: Reader, run_id: str, rank: int = 0) -> Iterator[str] | 
             c.execute("BEGIN")
             opts = dict(c.execute("SELECT sid, opt FROM series WHERE rid=? AND rank=?",
                                   (rid, rank)).fetchall())
+            notes, tags = c.execute("SELECT notes, tags FROM runs WHERE rid=?",
+                                    (rid,)).fetchone()
             # Stored as received (version 1 forms); written again at today's version,
             # which the header then says, like every step line.
-            records = ((seq, dump_record(parse_record(body, 1))) for seq, body in c.execute(
-                "SELECT seq, body FROM records WHERE rid=? AND rank=? ORDER BY seq",
-                (rid, rank)))
+            records = ((seq, dump_record(_noted(parse_record(body, 1), notes, tags)))
+                       for seq, body in c.execute(
+                           "SELECT seq, body FROM records WHERE rid=? AND rank=? ORDER BY seq",
+                           (rid, rank)))
             scalars = ((seq, _scalars_line(seq, *rest)) for seq, *rest in c.execute(
                 "SELECT seq, t, step, opt, vals FROM scalars WHERE rid=? AND rank=? "
                 "ORDER BY seq", (rid, rank)))
@@ -98,6 +104,14 @@ def _step_line(opt: str, t: tuple[Any, ...]) -> str:
     """A step record's line at today's version, rebuilt from its columns and validated (an
     export's header says today's version, where a left-out field can mean "implied")."""
     return dump_record(Step.model_validate(step_record(opt, t)))
+
+
+def _noted(record: Any, notes: str, tags: str) -> Any:
+    """A header record with the run's notes and tags (JSON list) as they are now; any other
+    record as it is."""
+    if isinstance(record, Header):
+        record.notes, record.tags = notes, json.loads(tags)
+    return record
 
 
 def _scalars_line(seq: int, t: float, step: int, opt: str | None, vals: str) -> str:

@@ -9,6 +9,8 @@ private to their owner. Plain module: no FastAPI.
 Schema 2 (gradwatch 0.1.0; ``user_version`` 0 to 2) kept every record as its JSON line
 in ``records`` and spread steps into columns keyed (run, rank, opt, step) beside it.
 Schema 3 keeps a step once, in columns keyed (series, step) (:mod:`server.steptable`).
+Schema 4 adds each run's notes and tags (``runs.notes``, ``runs.tags``), empty for the runs
+an older file holds.
 """
 
 from __future__ import annotations
@@ -63,9 +65,14 @@ def open_current(data_dir: Path) -> sqlite3.Connection:
     if not has_runs:
         _in_transaction(conn, lambda: _create(conn))
     elif version < db.SCHEMA_VERSION:
-        log.info("migrating %s from schema 2 to %d (once)...", data_dir / db.DB_NAME,
+        old = 2 if version < 3 else version
+        log.info("migrating %s from schema %d to %d (once)...", data_dir / db.DB_NAME, old,
                  db.SCHEMA_VERSION)
-        _in_transaction(conn, lambda: _from_2(conn, version))
+        _in_transaction(conn, lambda: _migrate(conn, version))
+        if old > 2:  # only notes and tags were added: nothing to compact
+            private_files(data_dir)
+            log.info("migrated")
+            return conn
         try:  # gives back the room the JSON copies took; needs that much free space
             conn.execute("VACUUM")
         except sqlite3.Error as e:
@@ -91,6 +98,23 @@ def _create(conn: sqlite3.Connection) -> None:
     for s in statements(db.SCHEMA):
         conn.execute(s)
     conn.execute(f"PRAGMA user_version={db.SCHEMA_VERSION}")
+
+
+def _migrate(conn: sqlite3.Connection, version: int) -> None:
+    """Bring a schema 2 or 3 file to the current schema (inside one transaction)."""
+    if version < 3:
+        _from_2(conn, version)  # keeps the runs table as it was
+    _from_3(conn)
+    conn.execute(f"PRAGMA user_version={db.SCHEMA_VERSION}")
+
+
+def _from_3(conn: sqlite3.Connection) -> None:
+    """Schema 4: the runs table gets notes and tags (empty), where it has none yet."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    if "notes" not in have:
+        conn.execute("ALTER TABLE runs ADD COLUMN notes TEXT NOT NULL DEFAULT ''")
+    if "tags" not in have:
+        conn.execute("ALTER TABLE runs ADD COLUMN tags TEXT NOT NULL DEFAULT '[]'")
 
 
 def _from_2(conn: sqlite3.Connection, version: int) -> None:

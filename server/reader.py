@@ -26,14 +26,15 @@ from gradwatch.server.steptable import (
 from gradwatch.wire import Finding
 
 _SUMMARY = ("SELECT id, name, status, started, updated, steps, findings, ranks, optimizers, "
-            "dropped, torch_version FROM runs ")
+            "dropped, torch_version, notes, tags FROM runs ")
 INF = 1 << 62
 
 
 def _summary(t: tuple[Any, ...]) -> RunSummary:
     return RunSummary(id=t[0], name=t[1], status=t[2], started=t[3], updated=t[4],
                       steps=t[5], findings=t[6], ranks=json.loads(t[7]),
-                      optimizers=json.loads(t[8]), dropped=t[9], torch_version=t[10])
+                      optimizers=json.loads(t[8]), dropped=t[9], torch_version=t[10],
+                      notes=t[11], tags=json.loads(t[12]))
 
 
 class Reader:

@@ -105,6 +105,18 @@ class Runs:
             self.hub.publish_summary(summary)
         return summary
 
+    async def annotate(self, run: str, notes: str | None, tags: list[str] | None
+                       ) -> RunSummary | None:
+        """Set a run's notes and/or tags; tell live clients. ``None`` if there is none.
+
+        Raises:
+            StoreBusy: the writer's queue is full.
+        """
+        summary = await self.write(self.store.annotate, run, notes, tags)
+        if summary is not None:
+            self.hub.publish_summary(summary)
+        return summary
+
     async def import_stream(self, chunks: AsyncIterator[bytes], name: str = "upload",
                             display: str | None = None) -> tuple[str, int, list[str]]:
         """Store a step log as a new run as it arrives, a block at a time: validating

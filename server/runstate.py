@@ -59,6 +59,8 @@ class RunState:
     """Per series: per-parameter norms are kept of every N-th step (and must-keep ones)."""
     last_step: dict[int, int] = field(default_factory=dict)
     """Per series: its highest stored step."""
+    notes: str = ""
+    tags: list[str] = field(default_factory=list)
 
     def summary(self) -> RunSummary:
         """The run as the run list shows it."""
@@ -66,7 +68,8 @@ class RunState:
             id=self.id, name=self.name, status=self.status, started=self.started,
             updated=self.updated, steps=self.steps, findings=len(self.finding_keys),
             ranks=sorted(self.ranks), optimizers=list(self.optimizers),
-            dropped=sum(self.dropped.values()), torch_version=self.torch_version)
+            dropped=sum(self.dropped.values()), torch_version=self.torch_version,
+            notes=self.notes, tags=list(self.tags))
 
     def final_status(self) -> RunStatus | None:
         """The run's end status once every rank has sent its End, else ``None``."""
@@ -100,7 +103,8 @@ def new_state(rid: int, header: Header, name: str | None = None,
     return RunState(rid=rid, id=header.run, name=name or header.run_name or header.run,
                     status="live", started=header.started, updated=header.t,
                     torch_version=header.torch_version, world_size=header.world_size,
-                    chunks=ChunkSummaries(), keep_new=keep_every)
+                    chunks=ChunkSummaries(), keep_new=keep_every, notes=header.notes,
+                    tags=list(header.tags))
 
 
 def load_state(conn: sqlite3.Connection, run_id: str, keep_every: int = 1
@@ -108,14 +112,16 @@ def load_state(conn: sqlite3.Connection, run_id: str, keep_every: int = 1
     """Rebuild a run's state from the database, or ``None`` if there is no such run."""
     row = conn.execute(
         "SELECT rid, id, name, status, started, updated, steps, ranks, optimizers, "
-        "torch_version, world_size, header FROM runs WHERE id=?", (run_id,)).fetchone()
+        "torch_version, world_size, header, notes, tags FROM runs WHERE id=?",
+        (run_id,)).fetchone()
     if row is None:
         return None
     rid = row[0]
     st = RunState(rid=rid, id=row[1], name=row[2], status=row[3], started=row[4],
                   updated=row[5], torch_version=row[9], world_size=row[10], steps=row[6],
                   ranks=json.loads(row[7]), optimizers=json.loads(row[8]),
-                  chunks=ChunkSummaries(loaded=True), keep_new=keep_every)
+                  chunks=ChunkSummaries(loaded=True), keep_new=keep_every, notes=row[12],
+                  tags=json.loads(row[13]))
     opts: dict[int, tuple[int, str]] = {}
     for sid, rank, opt, nxt, keep in conn.execute(
             "SELECT sid, rank, opt, next_chunk, keep_every FROM series WHERE rid=?", (rid,)):

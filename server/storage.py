@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import json
 import logging
 import sqlite3
 from collections import OrderedDict
@@ -192,9 +193,10 @@ class Store:
         name = self._distinct_name(name or header.run_name or header.run)
         cur = self._conn.execute(
             "INSERT INTO runs(id, name, status, started, updated, torch_version, "
-            "world_size, header) VALUES(?,?,?,?,?,?,?,?)",
+            "world_size, header, notes, tags) VALUES(?,?,?,?,?,?,?,?,?,?)",
             (header.run, name, "live", header.started,
-             header.t, header.torch_version, header.world_size, entry.body))
+             header.t, header.torch_version, header.world_size, entry.body, header.notes,
+             json.dumps(header.tags)))
         assert cur.lastrowid is not None
         st = new_state(cur.lastrowid, header, name, self.keep_param_norms)
         self._states[header.run] = st
@@ -268,6 +270,28 @@ class Store:
         except sqlite3.Error as e:
             raise StorageFailed(f"the server could not rename run {run_id} ({e})") from e
         st.name = name
+        return st.summary()
+
+    def annotate(self, run_id: str, notes: str | None, tags: list[str] | None
+                 ) -> RunSummary | None:
+        """Set a run's notes and/or tags (None: left as they are); ``None`` if there is no
+        such run.
+
+        Raises:
+            StorageFailed: the disk refused the write (nothing changed).
+        """
+        st = self._state(run_id)
+        if st is None:
+            return None
+        notes = st.notes if notes is None else notes
+        tags = st.tags if tags is None else tags
+        try:
+            self._conn.execute("UPDATE runs SET notes=?, tags=? WHERE rid=?",
+                               (notes, json.dumps(tags), st.rid))
+        except sqlite3.Error as e:
+            raise StorageFailed(f"the server could not save the notes of run {run_id} "
+                                f"({e})") from e
+        st.notes, st.tags = notes, list(tags)
         return st.summary()
 
     def free_id(self, wanted: str) -> str:

@@ -71,7 +71,7 @@ async def test_a_clean_run_says_so_first(server: ServerProc, page: Page) -> None
     assert page.errors == []
 
 
-async def test_a_finding_that_arrives_live_is_announced_until_dismissed(
+async def test_a_finding_that_arrives_live_is_announced_clear_of_the_facts_then_fades(
         server: ServerProc, page: Page) -> None:
     run = "live-bug"
     sent = steps(120, first_seq=5, missed=(70, 110), where=True)
@@ -88,7 +88,16 @@ async def test_a_finding_that_arrives_live_is_announced_until_dismissed(
         text = await notice.text_content()
         assert "New finding: missed reset" in text and "SGD#0" in text
         assert "from step 71" in text and "train.py:42" in text
-        await in_view(page, ".notice")
+        # Clear of what the user reads about the run: its name, facts and verdict.
+        for size in ({"width": 1440, "height": 900}, {"width": 1280, "height": 720}):
+            await page.set_viewport_size(size)
+            (box,) = await in_view(page, ".notice")
+            for sel in (".run-title", "#run-facts", "#verdict"):
+                (other,) = await in_view(page, sel)
+                apart = (box["x"] >= other["x"] + other["w"] or other["x"] >= box["x"] + box["w"]
+                         or box["y"] >= other["y"] + other["h"]
+                         or other["y"] >= box["y"] + box["h"])
+                assert apart, f"at {size} the notice {box} covers {sel} {other}"
         # The bands on the chart say what they mean.
         band = page.locator("#legend .band[data-kind='missed_reset']")
         assert await band.text_content() == "missed reset band"
@@ -105,8 +114,13 @@ async def test_a_finding_that_arrives_live_is_announced_until_dismissed(
         # A live run has no player, but the finding still lands on its first step.
         s = sent[71]
         await wait_for(lambda: _has(page.locator("#readout"), "step 71 ", f"stale {s.stale}"))
-        await notice.locator("button.n-close").click()
-        assert await page.locator(".notice").count() == 0
+        # The pointer on it kept it; once the pointer leaves, it fades out (the finding
+        # stays in the verdict).
+        assert await notice.is_visible()
+        await page.mouse.move(5, 5)
+        await page.locator(".notice.fading").wait_for(timeout=20_000)
+        await page.locator(".notice").wait_for(state="detached", timeout=5_000)
+        assert await page.locator(".finding").count() >= 1
     assert page.errors == []
 
 

@@ -82,6 +82,14 @@ export async function renameRun(runId, name) {
   });
 }
 
+/** Set a run's notes and/or tags ({notes?, tags?}); resolves with its RunSummary. */
+export async function annotateRun(runId, change) {
+  return getJson(`/api/runs/${encodeURIComponent(runId)}`, {}, {
+    method: "PATCH", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(change),
+  });
+}
+
 /** Delete a run and everything stored for it. */
 export async function deleteRun(runId) {
   await request(`/api/runs/${encodeURIComponent(runId)}`, {}, { method: "DELETE" });

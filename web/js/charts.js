@@ -13,7 +13,7 @@ import { plotText, plottable } from "./format.js";
 import { chartLayout, chartShapes, findingShapes } from "./layout.js";
 import { renderLegend } from "./legend.js";
 import { loadPlotly, whenPlotly } from "./loadplotly.js";
-import { PANELS, axisId, panelIndex, panelTraces, shownPanels } from "./panels.js";
+import { PANELS, axisId, panelIndex, panelTraces, shownPanels, traceValues } from "./panels.js";
 import { drawPreview } from "./preview.js";
 import { compact } from "./series.js";
 
@@ -50,6 +50,14 @@ export class MainChart extends LiveFigure {
     this.colors = new Map(); // series key -> colour, kept for the life of the view
     this.shown = PANELS.map((p) => !p.optional); // panels drawn (shownPanels)
     this.scalars = new Map(); // logged name -> {x: steps, y: values}, in step order
+    this.smoothing = 0; // EMA weight of the smoothed lines (smoothing.js); 0: raw only
+  }
+
+  /** Smooth the ‖grad‖ and loss lines with EMA weight `w` (0: off) and redraw. */
+  setSmoothing(w) {
+    if (w === this.smoothing) return Promise.resolve();
+    this.smoothing = w;
+    return this.ready ? this.redraw() : Promise.resolve();
   }
 
   /**
@@ -121,7 +129,6 @@ export class MainChart extends LiveFigure {
   }
 
   buildLayout(range) {
-    this.shown = shownPanels(this.series.values(), this.scalars.size);
     const layout = chartLayout({ logScale: this.logScale, range, shapes: [], rows: this.rows,
       height: this.gd.clientHeight, shown: this.shown });
     this.bands = findingShapes(this.findingList, layout, this.activeKey, this.keyOf);
@@ -147,7 +154,7 @@ export class MainChart extends LiveFigure {
       meta: { opt: s.opt, rank: s.rank, field: spec.field },
       line: { color, width: spec.width, dash: spec.dash || "solid" },
       opacity: spec.opacity || 1, hovertemplate: `${spec.hover}<extra>%{fullData.name}</extra>`,
-    }), null, this.shown);
+    }), null, this.shown, this.smoothing);
   }
 
   /** Row positions on the strip. */
@@ -156,6 +163,10 @@ export class MainChart extends LiveFigure {
   }
 
   buildTraces() {
+    // Which panels are drawn is settled here, before the traces: draw() builds the traces
+    // first, and a trace of a panel not yet known to be shown is made invisible (a stored
+    // run opened cold drew its loss and lr panels empty).
+    this.shown = shownPanels(this.series.values(), this.scalars.size);
     const pts = emptyPoints();
     const pos = this.rowPos();
     for (const s of this.series.values()) eventPoints(s, 0, s.length, pts, pos);
@@ -204,7 +215,7 @@ export class MainChart extends LiveFigure {
       let appears = false; // a value for a panel not shown yet (the first loss of a run)
       PANELS.forEach((panel, p) => {
         for (const spec of panel.traces) {
-          const ys = s[spec.column].slice(from);
+          const ys = traceValues(s, spec, this.smoothing, from);
           if (!this.shown[p] && ys.some((v) => v !== null)) appears = true;
           batch.xs.push(x);
           batch.ys.push(ys);

@@ -81,7 +81,7 @@ export class CompareChart extends LiveFigure {
 
   buildLayout(range) {
     return compareLayout({ logScale: this.logScale, range, shapes: [driftOneLine()],
-      shown: this.shown() });
+      shown: this.shown(), height: this.gd.clientHeight });
   }
 
   afterDraw() {

@@ -9,6 +9,8 @@ import { findingKind } from "./kinds.js";
 import { css } from "./layout.js";
 
 const PNG = { width: 1400, height: 820 };
+/** Pixels between the subtitle and the legend, and between the legend and the plot. */
+const LEGEND_GAP = 10;
 
 /** "my-run-name-4989e69d": a file name stem from a run's name and id. */
 export function fileStem(name, id) {
@@ -53,8 +55,10 @@ export function exportFigure(gd, { title, subtitle = "" }) {
       yanchor: "top", font: { size: 17 },
       subtitle: { text: plotText(subtitle), font: { size: 12, color: css("--muted", "#8b96a3") } } },
     showlegend: true,
-    legend: { orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom",
-      traceorder: "normal", font: { size: 11 }, bgcolor: "rgba(0,0,0,0)" },
+    // Placed under the subtitle once drawn (drawFigure): how many rows it wraps to
+    // depends on its entries, so the plot is moved down by what it took.
+    legend: { orientation: "h", x: 0, xanchor: "left", yref: "container", y: 0.9,
+      yanchor: "top", traceorder: "normal", font: { size: 11 }, bgcolor: "rgba(0,0,0,0)" },
     margin: { ...layout.margin, t: 120 },
     width: PNG.width, height: PNG.height,
   });
@@ -68,8 +72,26 @@ export function runFigure(gd, run, findings) {
     title: run.name || run.id,
     subtitle: `run ${run.id} · ${run.status || ""} · ${count(run.steps || 0)} steps · ` +
       `${findings ? `${count(findings)} finding${findings === 1 ? "" : "s"}` : "no findings"}` +
-      ` · started ${when(run.started)}`,
+      ` · started ${when(run.started)}` +
+      (run.tags && run.tags.length ? ` · tags: ${run.tags.join(", ")}` : ""),
   });
+}
+
+/**
+ * Plot an export `figure` in `box` (a div of the figure's size), its legend under the
+ * title and subtitle and the plot under the legend, as measured once drawn.
+ */
+export async function drawFigure(box, figure) {
+  const Plotly = window.Plotly;
+  await Plotly.newPlot(box, figure.data, figure.layout, { staticPlot: true });
+  const title = box.querySelector(".g-gtitle");
+  const legend = box.querySelector(".legend");
+  if (!title || !legend) return;
+  const top = box.getBoundingClientRect().top;
+  const under = title.getBoundingClientRect().bottom - top + LEGEND_GAP;
+  const tall = legend.getBoundingClientRect().height;
+  await Plotly.relayout(box, { "legend.y": 1 - under / figure.layout.height,
+    "margin.t": Math.ceil(under + tall + LEGEND_GAP) });
 }
 
 /** Draw `figure` off screen, render it as PNG and hand it to the browser as `filename`. */
@@ -79,7 +101,7 @@ export async function downloadFigure(figure, filename) {
   box.style.cssText = `position:fixed;left:-20000px;top:0;width:${PNG.width}px;height:${PNG.height}px`;
   document.body.append(box);
   try {
-    await Plotly.newPlot(box, figure.data, figure.layout, { staticPlot: true });
+    await drawFigure(box, figure);
     const url = await Plotly.toImage(box, { format: "png", ...PNG });
     saveUrl(url, `${filename}.png`);
   } finally {

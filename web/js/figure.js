@@ -56,6 +56,7 @@ export class LiveFigure {
       this.ready = Plotly.newPlot(this.gd, data, layout, chartConfig());
       await this.ready;
       this.gd.on("plotly_relayout", (ev) => this.onRelayout(ev));
+      this.watchHeight();
     } else {
       await this.ready;
       layout.datarevision = ++this.revision;
@@ -65,6 +66,20 @@ export class LiveFigure {
   }
 
   afterDraw() {}
+
+  /** Redraw when the graph div's height changes (a resized window): how many tick labels a
+   * panel has room for is set from its height in pixels (layout.js). */
+  watchHeight() {
+    let height = this.gd.clientHeight;
+    this.resized = new ResizeObserver(() => {
+      const h = this.gd.clientHeight;
+      if (!h || Math.abs(h - height) < 8) return;
+      height = h;
+      clearTimeout(this.resizeTimer);
+      this.resizeTimer = setTimeout(() => { if (this.ready) this.redraw(); }, 150);
+    });
+    this.resized.observe(this.gd);
+  }
 
   /** Redraw everything (new traces, rows or compacted data) keeping the window; while
    * frozen, once unfrozen. */
@@ -212,6 +227,8 @@ export class LiveFigure {
   destroy() {
     if (this.frame) cancelAnimationFrame(this.frame);
     clearTimeout(this.timer);
+    clearTimeout(this.resizeTimer);
+    if (this.resized) this.resized.disconnect();
     if (window.Plotly && this.ready) window.Plotly.purge(this.gd);
     this.ready = null;
   }

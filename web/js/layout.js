@@ -10,6 +10,12 @@ import { PANELS, axisId, axisKey, panelDomains, panelIndex } from "./panels.js";
 
 /** Strip row pitch in pixels: room for an 11 px label per row. */
 const ROW_PX = 17;
+/** Least pixels between two tick labels of a panel's y axis: a log axis labels "10⁻³" and
+ * the 2s and 5s between decades, which collide in a short panel (the lr panel) otherwise. */
+const TICK_PX = 36;
+/** Top and bottom margins of the step-axis figures, in pixels. */
+const MARGIN_T = 10, MARGIN_B = 40;
+
 /** Left margin of the run chart: the strip's labels ("model.zero_grad()") fit in it. */
 export const STRIP_MARGIN = 124;
 
@@ -40,7 +46,7 @@ export function applyRange(layout, range) {
   }
 }
 
-function base(logScale, below, margin, shown = null) {
+function base(logScale, below, margin, shown = null, height = 0) {
   const text = css("--text", "#d8dee6");
   const muted = css("--muted", "#8b96a3");
   const grid = css("--line", "#2a323d");
@@ -50,7 +56,7 @@ function base(logScale, below, margin, shown = null) {
     paper_bgcolor: css("--panel", "#161b22"),
     plot_bgcolor: css("--panel", "#161b22"),
     font: { family: css("--font", "sans-serif"), size: 12, color: text },
-    margin: { l: margin, r: 16, t: 10, b: 40 },
+    margin: { l: margin, r: 16, t: MARGIN_T, b: MARGIN_B },
     // The legend is HTML above the chart (legend.js): plotly's own legend is redrawn on
     // every extendTraces and costs a good part of each live frame.
     showlegend: false,
@@ -61,11 +67,15 @@ function base(logScale, below, margin, shown = null) {
       showspikes: true, spikemode: "across", spikethickness: 1, spikecolor: muted },
   };
   const domains = panelDomains(below, shown);
+  const plotPx = Math.max(0, height - MARGIN_T - MARGIN_B);
   PANELS.forEach((p, i) => {
     if (!domains[i] && !p.traces.length) return; // hidden, and no trace refers to it
+    const px = domains[i] ? (domains[i][1] - domains[i][0]) * plotPx : 0;
     layout[axisKey(i)] = {
       ...axis, domain: domains[i] || [0, 0.001], type: logScale ? "log" : "linear",
       fixedrange: true, exponentformat: "power",
+      // At most one label per TICK_PX (plotly treats nticks as a most); 0: plotly's own.
+      nticks: px ? Math.max(2, Math.floor(px / TICK_PX)) : 0,
       rangemode: p.tozero && !logScale ? "tozero" : "normal",
       title: { text: p.title, font: { color: muted } }, autorange: true,
     };
@@ -85,7 +95,7 @@ function base(logScale, below, margin, shown = null) {
 export function chartLayout({ logScale, range, shapes, rows, height, shown = null }) {
   const n = Math.max(1, rows.length);
   const below = stripFraction(n, height);
-  const { layout, axis, muted } = base(logScale, below, STRIP_MARGIN, shown);
+  const { layout, axis, muted } = base(logScale, below, STRIP_MARGIN, shown, height);
   const strip = axisKey(PANELS.length);
   layout.xaxis.anchor = axisId(PANELS.length);
   layout[strip] = {
@@ -101,13 +111,13 @@ export function chartLayout({ logScale, range, shapes, rows, height, shown = nul
 
 /** Height of an event strip of `n` rows, as a fraction of a figure `height` px high. */
 export function stripFraction(n, height) {
-  const plotH = Math.max(200, (height || 500) - 50);
+  const plotH = Math.max(200, (height || 500) - MARGIN_T - MARGIN_B);
   return Math.min(0.35, (Math.max(1, n) * ROW_PX + 6) / plotH);
 }
 
 /** The compare chart's layout: the panels it compares only, the step axis under the last. */
-export function compareLayout({ logScale, range, shapes, shown }) {
-  const { layout } = base(logScale, 0, 78, shown);
+export function compareLayout({ logScale, range, shapes, shown, height = 0 }) {
+  const { layout } = base(logScale, 0, 78, shown, height);
   layout.xaxis.anchor = axisId(shown.lastIndexOf(true));
   layout.shapes = shapes;
   applyRange(layout, range);

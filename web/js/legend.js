@@ -21,13 +21,16 @@ export function renderLegend(box, chart, perSeries) {
     const name = chart.labelText(s);
     let i = N_FIXED + pos * perSeries;
     PANELS.forEach((panel, p) => {
+      const first = i;
       for (const spec of panel.traces) {
-        if (chart.shown && !chart.shown[p]) { // a panel the run has no value for
-          i++;
+        if (spec.smooth || (chart.shown && !chart.shown[p])) { // drawn with its raw line;
+          i++; // or a panel the run has no value for
           continue;
         }
+        // A raw line's entry shows and hides its smoothed twin with it.
+        const twin = panel.traces.findIndex((t) => t.smooth && t.column === spec.column);
         items.push(lineItem(chart, `${name} ${spec.label}`, color, spec.dash ? "dotted" : "solid",
-          [i++], spec.help));
+          twin < 0 ? [i++] : [i++, first + twin], spec.help));
       }
     });
   });

@@ -1,7 +1,8 @@
 /**
  * Messages in the corner: a short-lived toast (an export failed, a server error), and the
- * announcement of a finding that arrived while the run was open, which stays until the user
- * dismisses it. Both carry wire text, so both write it with textContent.
+ * announcement of a finding that arrived while the run was open, which fades out after a
+ * while (the verdict keeps the finding) unless the pointer rests on it, or is dismissed. Both
+ * carry wire text, so both write it with textContent.
  */
 
 import { el, setText, stepRange } from "./format.js";
@@ -10,6 +11,10 @@ import { findingKey } from "./verdict.js";
 
 const $ = (id) => document.getElementById(id);
 const TOAST_MS = 6000;
+/** How long an announcement stays before it fades (counted again after a hover). */
+export const NOTICE_MS = 12000;
+/** The fade's length (the CSS transition of .notice.fading). */
+const FADE_MS = 600;
 /** Announcements shown one by one; more than this fold into one "N more" notice. */
 const MAX_SHOWN = 3;
 
@@ -95,10 +100,26 @@ export class Announcer {
     close.addEventListener("click", () => this.dismiss(node));
     actions.append(close);
     node.append(content, actions);
+    this.fadeLater(node);
+    node.addEventListener("mouseenter", () => {
+      clearTimeout(node.fadeTimer);
+      node.classList.remove("fading");
+    });
+    node.addEventListener("mouseleave", () => this.fadeLater(node));
     return node;
   }
 
+  /** Fade `node` out in NOTICE_MS, then remove it (as a dismissal). */
+  fadeLater(node) {
+    clearTimeout(node.fadeTimer);
+    node.fadeTimer = setTimeout(() => {
+      node.classList.add("fading");
+      node.fadeTimer = setTimeout(() => this.dismiss(node), FADE_MS);
+    }, NOTICE_MS);
+  }
+
   dismiss(node) {
+    clearTimeout(node.fadeTimer);
     node.remove();
     if (node === this.more) {
       this.more = null;

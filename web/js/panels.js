@@ -8,6 +8,8 @@
  * trace per name.
  */
 
+import { ema } from "./smoothing.js";
+
 /**
  * @typedef {object} TraceSpec
  * @property {string} field   meta.field of the plotted trace (tests and benches read it)
@@ -15,6 +17,8 @@
  * @property {string} label   its name in legends and hover
  * @property {string} help    what it is, for the legend's tooltip
  * @property {boolean} compare drawn for each run on the compare chart too
+ * @property {boolean} [smooth] the EMA (smoothing.js) of its column, drawn only while the
+ *   smoothing slider is above 0; the raw trace of that column is then drawn faint
  */
 export const PANELS = [
   {
@@ -26,6 +30,9 @@ export const PANELS = [
       { field: "fresh_norm", column: "fresh", label: "fresh", width: 1.2, dash: "dot",
         opacity: 0.75, compare: false, hover: "fresh %{y:.4g}",
         help: "Norm of what backward() added since the previous step" },
+      { field: "norm_smooth", column: "norm", smooth: true, label: "‖grad‖ smoothed",
+        width: 1.8, compare: false, hover: "‖grad‖ smoothed %{y:.4g}",
+        help: "‖grad‖ smoothed (the smoothing slider), the raw line faint behind" },
     ],
   },
   {
@@ -43,6 +50,9 @@ export const PANELS = [
         hover: "loss %{y:.4g}",
         help: "Sum of the losses passed to backward() for this step, as passed (divided by " +
           "the accumulation count if the loop divides; before GradScaler's scaling)" },
+      { field: "loss_smooth", column: "loss", smooth: true, label: "loss smoothed", width: 1.6,
+        compare: false, hover: "loss smoothed %{y:.4g}",
+        help: "The loss smoothed (the smoothing slider), the raw line faint behind" },
     ],
   },
   {
@@ -113,21 +123,40 @@ export function panelDomains(below = 0, shown = null) {
   return out;
 }
 
+/** The y values of a trace spec for rows [from, end) of series s at this smoothing weight:
+ * a smooth spec's EMA (nothing while smoothing is off), else the column as it is. */
+export function traceValues(s, spec, smoothing, from = 0) {
+  const col = s[spec.column];
+  if (!spec.smooth) return col.slice(from);
+  if (!(smoothing > 0)) return new Array(col.length - from).fill(null);
+  return ema(col, smoothing).slice(from);
+}
+
+/** True when this (raw) spec has a smoothed twin in its panel. */
+export function hasSmoothTwin(panel, spec) {
+  return !spec.smooth && panel.traces.some((t) => t.smooth && t.column === spec.column);
+}
+
+/** Opacity of a raw line while its smoothed twin is drawn over it. */
+const FAINT = 0.28;
+
 /**
  * Plotly traces of every panel for one series: `style(spec)` adds colour and names. A trace
- * of a panel not `shown` is there (trace indices stay fixed) but invisible.
+ * of a panel not `shown` is there (trace indices stay fixed) but invisible, and so is a
+ * smoothed trace while `smoothing` is 0.
  */
-export function panelTraces(s, style, only = null, shown = null) {
+export function panelTraces(s, style, only = null, shown = null, smoothing = 0) {
   const out = [];
   PANELS.forEach((panel, i) => {
     for (const spec of panel.traces) {
       if (only && !only(spec)) continue;
       const trace = {
         type: "scatter", mode: "lines", xaxis: "x", yaxis: axisId(i),
-        x: s.step.slice(), y: s[spec.column].slice(),
+        x: s.step.slice(), y: traceValues(s, spec, smoothing),
         ...style(spec, panel),
       };
-      if (shown && !shown[i]) trace.visible = false;
+      if (smoothing > 0 && hasSmoothTwin(panel, spec)) trace.opacity = FAINT;
+      if ((shown && !shown[i]) || (spec.smooth && !(smoothing > 0))) trace.visible = false;
       out.push(trace);
     }
   });

@@ -89,6 +89,7 @@ export function drawPreview(host, series, findings, colors) {
     for (const s of series.values()) {
       const color = colors[k++];
       for (const spec of panel.traces) {
+        if (spec.smooth) continue; // the preview draws the raw lines
         const col = spec.column;
         ctx.setLineDash(spec.dash ? [2, 3] : []);
         ctx.strokeStyle = color;

@@ -100,7 +100,8 @@ export class RunList {
   matches(run) {
     const f = this.filter;
     const text = f.text.trim().toLowerCase();
-    if (text && !`${run.name}\n${run.id}`.toLowerCase().includes(text)) return false;
+    const about = `${run.name}\n${run.id}\n${(run.tags || []).join("\n")}\n${run.notes || ""}`;
+    if (text && !about.toLowerCase().includes(text)) return false;
     if (f.status && run.status !== f.status) return false;
     return !(f.findings && !run.findings);
   }
@@ -144,7 +145,8 @@ export class RunList {
       this.renderPicked();
     });
     const a = el("a", { href: viewHref({ run: id }) });
-    a.append(el("span", { class: "name" }), el("span", { class: "badge" }), el("span", { class: "meta" }));
+    a.append(el("span", { class: "name" }), el("span", { class: "badge" }), el("span", { class: "tags" }),
+      el("span", { class: "meta" }));
     a.addEventListener("click", (ev) => {
       if (ev.button !== 0 || ev.metaKey || ev.ctrlKey || ev.shiftKey) return;
       ev.preventDefault();
@@ -173,6 +175,13 @@ export class RunList {
     }
     setText(badge, run.status);
     badge.dataset.status = run.status;
+    const tags = li.querySelector("a .tags");
+    const tagSig = (run.tags || []).join("\n");
+    if (tags.dataset.sig !== tagSig) {
+      tags.dataset.sig = tagSig;
+      tags.replaceChildren(...(run.tags || []).map((t) => el("span", { class: "tag" }, t)));
+    }
+    if (run.notes) name.title += `\n${run.notes}`;
     const parts = [
       el("span", {}, `${count(run.steps)} steps`),
       el("span", { class: run.findings ? "nfind" : "" },

@@ -9,6 +9,7 @@ import { downloadFigure, fileStem, runFigure } from "./exporting.js";
 import { count, setText } from "./format.js";
 import { Announcer, showToast } from "./notices.js";
 import { ParamsView } from "./params.js";
+import { RunNotes } from "./runnotes.js";
 import { Player } from "./player.js";
 import { ingest } from "./series.js";
 import { LiveSocket } from "./socket.js";
@@ -24,7 +25,8 @@ export class RunView {
   /**
    * @param {string} runId
    * @param {(state: object) => void} onSocketState
-   * @param {{range: number[]|null, finding: string|null, log: boolean}} initial from the URL
+   * @param {{range: number[]|null, finding: string|null, log: boolean, smooth: number}} initial
+   *   from the URL
    */
   constructor(runId, onSocketState, initial) {
     this.runId = runId;
@@ -45,6 +47,9 @@ export class RunView {
     this.chart = new MainChart($("chart"), { onRange: (r) => this.onRange(r) }, $("legend"));
     this.chart.logScale = initial.log;
     $("chk-log").checked = initial.log;
+    this.chart.smoothing = initial.smooth || 0;
+    $("rng-smooth").value = String(this.chart.smoothing);
+    setText("smooth-val", this.chart.smoothing.toFixed(2));
     this.verdict = new VerdictPanel($("findings"), (f) => this.pickFinding(f));
     this.announcer = new Announcer($("notices"), (f) => this.verdict.pick(f));
     this.params = new ParamsView({
@@ -56,6 +61,7 @@ export class RunView {
       readout: $("readout"),
     }, (step) => this.showStep(step));
     this.bindToolbar();
+    this.notes = new RunNotes(runId);
     this.resetDom();
     this.socket = new LiveSocket("/ws/live", { run: runId, max_points: maxPoints($("chart")) }, {
       snapshot: (f) => this.onSnapshot(f),
@@ -90,6 +96,14 @@ export class RunView {
     $("chk-log").addEventListener("change", (ev) => {
       this.chart.setLogScale(ev.target.checked);
       updateState({ log: ev.target.checked });
+    });
+    $("rng-smooth").addEventListener("input", (ev) => {
+      const w = Number(ev.target.value);
+      setText("smooth-val", w.toFixed(2));
+      updateState({ smooth: w > 0 ? w : null });
+      // Dragging fires many inputs: redraw for the latest once per frame.
+      cancelAnimationFrame(this.smoothFrame);
+      this.smoothFrame = requestAnimationFrame(() => this.chart.setSmoothing(w));
     });
     $("btn-png").addEventListener("click", () => this.downloadPng().catch((e) => showToast(String(e))));
     for (const [id, ext] of [["btn-csv", "csv"], ["btn-jsonl", "jsonl"]]) {
@@ -162,6 +176,7 @@ export class RunView {
     const wasLive = this.live;
     this.summary = run;
     renderSummary(run);
+    this.notes.set(run);
     this.verdict.setSummary(run);
     document.title = `${run.name || run.id} · gradwatch`;
     if (wasLive && !this.live) {
@@ -326,6 +341,7 @@ export class RunView {
  */
 function freshControls() {
   const ids = ["btn-follow", "btn-freeze", "btn-reset", "btn-png", "btn-csv", "btn-jsonl", "chk-log",
+    "rng-smooth", "run-tags", "run-notes-text",
     "btn-play", "sel-speed", "slider", "sel-opt", "sel-rank", "sel-metric"];
   for (const id of ids) {
     const old = $(id);

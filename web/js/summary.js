@@ -11,7 +11,8 @@ const $ = (id) => document.getElementById(id);
 /** Fill the run header from a RunSummary; called several times a second while live. */
 export function renderSummary(run) {
   setText("run-name", run.name || run.id);
-  $("run-name").title = run.id;
+  // The name may be cut to fit the header: whole on hover, with the id.
+  $("run-name").title = run.name && run.name !== run.id ? `${run.name} (run ${run.id})` : run.id;
   setText("crumb", run.name || run.id);
   const badge = $("run-status");
   setText(badge, run.status);

@@ -1,12 +1,13 @@
 /**
  * What the page shows, kept in its query string so a reload or a shared link shows the
  * same: `run=ID` or `compare=ID,ID,...`, `zoom=FIRST,LAST` (the step window),
- * `finding=KEY` (the selected finding, verdict.findingKey) and `log=1` (log scale).
+ * `finding=KEY` (the selected finding, verdict.findingKey), `log=1` (log scale) and
+ * `smooth=W` (the smoothing weight, 0 to 0.99).
  *
  * Other parameters of the page URL (the access token) are left as they are.
  */
 
-const OWN = ["run", "compare", "zoom", "finding", "log"];
+const OWN = ["run", "compare", "zoom", "finding", "log", "smooth"];
 
 /** The view state in the current URL. */
 export function readState(search = window.location.search) {
@@ -19,6 +20,7 @@ export function readState(search = window.location.search) {
     range: zoom.length === 2 && zoom.every(Number.isFinite) && zoom[0] < zoom[1] ? zoom : null,
     finding: q.get("finding") || null,
     log: q.get("log") === "1",
+    smooth: Math.min(0.99, Math.max(0, Number(q.get("smooth")) || 0)),
   };
 }
 
