@@ -52,7 +52,8 @@ class AutoWatch:
         validate_options(log, server, run_name, norms_every)
         self.handle: WatchHandle = WatchHandle(
             [], log=log, server=server, run_name=run_name, norms_every=norms_every,
-            run_id=run_id, auto=True, namer=names.from_live_modules)
+            run_id=run_id, auto=True, namer=names.from_live_modules,
+            labeler=names.optimizer_label)
         self._steps = 0
         self._reported: dict[tuple[int, str, str], int] = {}
         """Steps of each finding (by rank, optimizer, kind) at the last slice."""

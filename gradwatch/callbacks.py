@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,19 @@ log = logging.getLogger("gradwatch")
 
 PREFIX = "gradwatch/"
 """Prefix of every metric name the callbacks hand over (``gradwatch/drift``)."""
+
+
+def say(line: str) -> None:
+    """Print the run's verdict on a line of its own, as ``gradwatch run`` does: it is for
+    the person at the terminal, whatever logging is set to. A progress bar still drawn
+    (tqdm: the Trainer closes its own after the callbacks' ``on_train_end``) is cleared
+    first and redrawn after, so the line is never glued to it."""
+    tqdm = sys.modules.get("tqdm")
+    bars = getattr(getattr(tqdm, "tqdm", None), "_instances", None)
+    if tqdm is not None and bars:
+        tqdm.tqdm.write(line, file=sys.stderr)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 class CallbackSession:
@@ -54,21 +68,29 @@ class CallbackSession:
 
     def open(self, optimizers: Sequence[Any], labels: Sequence[str | None], *,
              model: torch.nn.Module | None, default_log: Path, run_name: str,
-             run_id: str | None) -> WatchHandle:
+             run_id: str | None,
+             labeler: Callable[[torch.optim.Optimizer], str | None] | None = None
+             ) -> WatchHandle:
         """Start watching ``optimizers`` (wrappers are unwrapped), closing a session an
-        earlier run left open. ``labels``: a display name per optimizer, None for the
-        probe's own (``Adam#0``); ``default_log``: the step log when ``log=`` was not given.
+        earlier run left open. ``labels``: a display name per optimizer, None where the
+        framework's code gives it none; ``labeler`` names those (when attached and at their
+        first step, as ``watch()`` does); ``default_log``: the step log when ``log=`` was
+        not given.
         """
-        import gradwatch
+        from gradwatch.probe.api import WatchHandle
+        from gradwatch.probe.names import held_label
+        from gradwatch.probe.watchargs import validate
 
         if self.handle is not None:  # the framework never told us the last run ended
             self.close("failed")
         names = {opt: label for opt, label in zip(optimizers, labels, strict=True) if label}
-        self.handle = gradwatch.watch(
-            list(optimizers), model=model, names=names or None,
-            log=self.step_log if self.step_log is not None else default_log,
-            server=self.server, run_name=self.run_name or run_name,
-            norms_every=self.norms_every, run_id=run_id)
+        log_ = self.step_log if self.step_log is not None else default_log
+        opts, given = validate(list(optimizers), model, log_, self.server, self.run_name,
+                               self.norms_every, names or None)
+        self.handle = WatchHandle(
+            opts, given, model=model, log=log_, server=self.server,
+            run_name=self.run_name or run_name, norms_every=self.norms_every, run_id=run_id,
+            labeler=labeler or held_label)
         self._handed.clear()
         return self.handle
 
@@ -80,14 +102,16 @@ class CallbackSession:
         handle.close(status=status)
         findings = handle.findings()
         where = f" (step log: {handle.path})" if handle.path else ""
+        steps = handle.tracker.steps
+        counted = f"{steps} optimizer step{'s' if steps != 1 else ''}"
         if findings:
             kinds = ", ".join(sorted({f"{f.kind} on {f.optimizer}" for f in findings}))
-            log.warning("gradwatch: %d optimizer steps, %d finding%s: %s%s",
-                        handle.tracker.steps, len(findings), "s" * (len(findings) != 1),
-                        kinds, where)
+            say(f"gradwatch: {counted}, {len(findings)} finding"
+                f"{'s' * (len(findings) != 1)}: {kinds}{where}")
+        elif steps:
+            say(f"gradwatch: {counted}, no gradient-reset bug found{where}")
         else:
-            log.info("gradwatch: %d optimizer steps, no gradient-reset bug found%s",
-                     handle.tracker.steps, where)
+            say(f"gradwatch: no optimizer stepped, so nothing was judged{where}")
 
     def forward(self, values: Mapping[str, Any]) -> None:
         """Put what the user logged to the framework on the run's step axis
@@ -108,7 +132,8 @@ class CallbackSession:
     def metrics(self) -> dict[str, float]:
         """The figures of each optimizer's latest written step not handed over yet:
         ``gradwatch/drift``, ``gradwatch/norm``, ``gradwatch/fresh_norm`` (one optimizer)
-        or ``gradwatch/<optimizer>/drift``, ... (several), and ``gradwatch/findings``.
+        or ``gradwatch/<optimizer>/drift``, ... (several, by the name findings use), and
+        ``gradwatch/findings``.
 
         Empty when nothing new was written. Figures a step did not sample (``norms_every``)
         are left out. Reads what the writer thread published: no wait, no tensor.
@@ -117,6 +142,8 @@ class CallbackSession:
         if handle is None:
             return {}
         several = len(handle.tracker.ledgers) > 1
+        # the optimizer as its findings name it (``d_opt``), not its id (``Adam#1``)
+        labels = {led.name: label for led, label in handle.tracker.labels.items()}
         out: dict[str, float] = {}
         findings = -1
         for name, fig in handle.latest().items():
@@ -124,7 +151,7 @@ class CallbackSession:
                 continue
             self._handed[name] = fig.step
             findings = max(findings, fig.findings)
-            prefix = f"{PREFIX}{name}/" if several else PREFIX
+            prefix = f"{PREFIX}{labels.get(name, name)}/" if several else PREFIX
             for key, value in (("drift", fig.drift), ("norm", fig.norm),
                                ("fresh_norm", fig.fresh_norm)):
                 if value is not None:

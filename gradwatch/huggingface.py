@@ -19,6 +19,7 @@ import inspect
 import logging
 import os
 from pathlib import Path
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from gradwatch.extras import TRANSFORMERS, require
@@ -92,8 +93,12 @@ class GradwatchCallback(HasSession, TrainerCallback):
         out = Path(args.output_dir or ".")
         run, name = run_identity(args.run_name or out.name or "trainer",
                                  torch_distributed_broadcast())
-        self._session.open([optimizer], [None], model=model,
+        # named as the Trainer's code (and a subclass's) holds it
+        self._session.open([optimizer], ["self.optimizer"], model=model,
                            default_log=out / "gradwatch.jsonl", run_name=name, run_id=run)
+        user_fn = _subclass_step(inspect.currentframe())
+        if user_fn is not None and self._session.handle is not None:
+            self._session.handle.stand_in(user_fn)
         if self._session.log_metrics:
             _go_first(self, inspect.currentframe())
 
@@ -107,6 +112,26 @@ class GradwatchCallback(HasSession, TrainerCallback):
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:
         self._session.close("finished")
+
+
+def _subclass_step(frame: Any) -> CodeType | None:
+    """The code of a Trainer subclass's own ``training_step`` (else ``compute_loss``), which
+    stands for the backward, step and reset calls the Trainer makes; None for the Trainer's
+    own. The Trainer is the ``self`` of a frame calling the event: callbacks are given no
+    reference to it."""
+    from transformers import Trainer
+
+    f = frame
+    for _ in range(6):
+        f = f.f_back if f is not None else None
+        trainer = f.f_locals.get("self") if f is not None else None
+        if isinstance(trainer, Trainer):
+            for name in ("training_step", "compute_loss"):
+                fn = getattr(type(trainer), name, None)
+                if fn is not None and fn is not getattr(Trainer, name):
+                    return getattr(fn, "__code__", None)
+            return None
+    return None
 
 
 def _go_first(callback: TrainerCallback, frame: Any) -> None:

@@ -54,9 +54,10 @@ class GradwatchCallback(HasSession, Callback):
     """Watches every optimizer the trainer sets up (automatic or manual optimization, one or
     several optimizers) from the start of ``fit`` to its end, and judges every step.
 
-    Optimizers are named after the ``LightningModule`` attribute holding them, else (with
-    several) after the one child module whose parameters they update (``generator``,
-    ``discriminator``), else ``Adam#0``, ``Adam#1``... in ``configure_optimizers`` order.
+    Optimizers are named as the module's code reaches them: the ``LightningModule``
+    attribute holding them (``self.head_opt``), else under manual optimization the variable
+    ``training_step`` steps them through (``d_opt``), else ``self.optimizers()`` (with
+    several, ``self.optimizers()[i]`` in ``configure_optimizers`` order).
     The run is named after the trainer's logger (its experiment's name, else
     ``<name>/version_<n>``), else the module's class. Under DDP every rank writes its own
     step log (``<stem>.rank<R><suffix>``) of one run: rank 0's run id and name are
@@ -95,7 +96,12 @@ class GradwatchCallback(HasSession, Callback):
         opts = list(trainer.optimizers)
         self._session.open(opts, _labels(pl_module, opts), model=pl_module,
                            default_log=Path(log_dir) / "gradwatch.jsonl", run_name=name,
-                           run_id=run)
+                           run_id=run,
+                           labeler=_Labeler(opts, not pl_module.automatic_optimization))
+        # the calls Lightning makes itself are named by the module's training_step
+        step_fn = getattr(type(pl_module).training_step, "__code__", None)
+        if self._session.handle is not None and step_fn is not None:
+            self._session.handle.stand_in(step_fn)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
@@ -151,7 +157,8 @@ def _run_name(trainer: Trainer, pl_module: LightningModule) -> str:
 
 def _labels(pl_module: LightningModule, opts: Sequence[torch.optim.Optimizer]
             ) -> list[str | None]:
-    """Each optimizer's name as the module has it, None where it has none (see the class)."""
+    """Each optimizer's name as an attribute of the module (``self.head_opt``), None where
+    the module holds it in none (see :class:`_Labeler`)."""
     import torch
 
     from gradwatch.probe.watchargs import unwrap
@@ -167,16 +174,29 @@ def _labels(pl_module: LightningModule, opts: Sequence[torch.optim.Optimizer]
             if inner is not None:
                 attrs.setdefault(id(inner), attr)
     labels: list[str | None] = [attrs.get(id(o)) for o in opts]
-    if len(opts) > 1:
-        owners = [(name, {id(p) for p in child.parameters()})
-                  for name, child in pl_module.named_children()]
-        holders: list[str | None] = []
-        for opt in opts:
-            ids = {id(p) for g in opt.param_groups for p in g["params"]}
-            held = [name for name, owned in owners if ids and ids <= owned]
-            holders.append(held[0] if len(held) == 1 else None)
-        for i, holder in enumerate(holders):  # a child two optimizers share names neither
-            if labels[i] is None and holder is not None and holders.count(holder) == 1:
-                labels[i] = holder
     taken = [x for x in labels if x is not None]
     return [x if x is None or taken.count(x) == 1 else None for x in labels]
+
+
+class _Labeler:
+    """Names an optimizer the module holds in no attribute as the module's code reaches it:
+    under manual optimization, the variable ``training_step`` steps it through (``d_opt``,
+    read at its first step); else ``self.optimizers()`` (``self.optimizers()[i]`` of
+    several), which is how a LightningModule's hooks reach it."""
+
+    def __init__(self, opts: Sequence[torch.optim.Optimizer], manual: bool) -> None:
+        self._fallback = {id(o): "self.optimizers()" if len(opts) == 1
+                          else f"self.optimizers()[{i}]" for i, o in enumerate(opts)}
+        self._wait = {id(o) for o in opts} if manual else set()
+        """Optimizers whose first step, not their attach, names them."""
+
+    def __call__(self, opt: torch.optim.Optimizer) -> str | None:
+        from gradwatch.probe.names import held_label
+
+        found = held_label(opt)
+        if found:
+            return found
+        if id(opt) in self._wait:
+            self._wait.discard(id(opt))
+            return None
+        return self._fallback.get(id(opt))

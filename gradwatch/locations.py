@@ -66,8 +66,14 @@ def short_path(file: str, root: str | None = None) -> str:
     return file if rel.startswith(os.pardir) else rel
 
 
+CELL_PREFIX = "Cell In["
+"""How a notebook cell's code is named (``Cell In[3]``, as IPython's tracebacks name it)."""
+
+
 def at(w: Where) -> str:
-    """``train.py:12``."""
+    """``train.py:12``; in a notebook, ``Cell In[3], line 4``."""
+    if w.file.startswith(CELL_PREFIX):
+        return f"{w.file}, line {w.line}"
     return f"{short_path(w.file)}:{w.line}"
 
 

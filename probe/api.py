@@ -18,12 +18,14 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gradwatch.probe import names, patches, runinfo
 from gradwatch.probe.losses import LoggedScalars, scalar_value
+from gradwatch.probe.names import held_label
 from gradwatch.probe.tracker import Tracker
 from gradwatch.probe.watchargs import validate
 from gradwatch.probe.writer import RecordWriter, StepFigures
@@ -85,6 +87,13 @@ class WatchHandle:
             self.close()
             raise
         atexit.register(self._atexit)
+
+    def stand_in(self, code: CodeType) -> None:
+        """Name the user's function ``code`` (a LightningModule's ``training_step``, a Trainer
+        subclass's ``compute_loss``) for the backward, step and reset calls a framework makes
+        on the user's behalf, instead of the framework's lines (the framework callbacks)."""
+        for role in ("backward", "step", "reset"):
+            self.tracker.sites.stand_in(role, code)
 
     def _on_disable(self, reason: str) -> None:
         self.writer.put(Stats(seq=0, t=time.time(), dropped=self.writer.dropped,
@@ -293,5 +302,7 @@ def watch(optimizer_or_list: Any = None, *, model: torch.nn.Module | None = None
                              names)
     if run_id is not None and not isinstance(run_id, str):
         raise TypeError("run_id= must be a string.")
+    # an optimizer given no name is named as the calling code holds it (``opt``), here or
+    # at its first step
     return WatchHandle(opts, labels, model=model, log=log, server=server, run_name=run_name,
-                       norms_every=norms_every, run_id=run_id)
+                       norms_every=norms_every, run_id=run_id, labeler=held_label)

@@ -14,7 +14,10 @@ earlier code left alive. A parameter with no such name is named by :func:`unname
 
 An optimizer's label (:func:`optimizer_label`) is the variable its creator stores it in,
 read from the bytecode right after the constructor call (the variable is not bound yet while
-the constructor runs), else the variable that holds it in the calling frame.
+the constructor runs), else the variable that holds it in the calling frame. Given an
+optimizer that already exists (``watch(opt)``, or its first ``step()``), its label is what
+holds it in the calling frame (:func:`held_label`): a variable (``opt``), else an attribute
+of an object held there (``self.opt``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 import torch
 
+from gradwatch.probe.watchargs import unwrap
 from gradwatch.wire import unnamed_param
 
 Namer = Callable[[Sequence[torch.Tensor], Sequence[int]], list[str]]
@@ -83,13 +87,18 @@ def _live_table(params: Sequence[torch.Tensor]) -> dict[torch.Tensor, str]:
 
 
 _SKIP_PREFIXES = ("gradwatch.", "torch.")
+_FRAMEWORK_PREFIXES = (*_SKIP_PREFIXES, "lightning.", "pytorch_lightning.",
+                       "lightning_fabric.", "transformers.", "accelerate.")
+"""Also the frameworks that step an optimizer for the user: their variables are not the
+user's names for it."""
 
 
-def _user_frames(start: types.FrameType | None) -> Iterator[types.FrameType]:
-    """Frames from ``start`` outwards, without gradwatch's and torch's own."""
+def _user_frames(start: types.FrameType | None,
+                 skip: tuple[str, ...] = _SKIP_PREFIXES) -> Iterator[types.FrameType]:
+    """Frames from ``start`` outwards, without gradwatch's and torch's own (and ``skip``'s)."""
     f = start
     while f is not None:
-        if not str(f.f_globals.get("__name__", "")).startswith(_SKIP_PREFIXES):
+        if not str(f.f_globals.get("__name__", "")).startswith(skip):
             yield f
         f = f.f_back
 
@@ -226,14 +235,43 @@ def _label(opt: torch.optim.Optimizer, start: types.FrameType) -> str | None:
     for f in _user_frames(start):
         if f.f_code.co_name == "__init__" and f.f_locals.get("self") is opt:
             continue  # a subclass's constructor: its caller stores the result
-        name = _stored_into(f)
-        if name:
-            return name
-        for scope in (f.f_locals, f.f_globals):
-            for k, v in list(scope.items()):
-                if v is opt and not k.startswith("_"):
-                    return str(k)
+        return _stored_into(f) or _held_in(opt, f)
+    return None
+
+
+def held_label(opt: torch.optim.Optimizer) -> str | None:
+    """What the calling frame (the first outside gradwatch and torch) holds ``opt`` as, or a
+    wrapper of it (Accelerate's): a variable (``opt``), else an attribute of an object one
+    holds (``self.opt``); None when nothing there holds it."""
+    try:
+        frame = next(_user_frames(sys._getframe(1), _FRAMEWORK_PREFIXES), None)
+        return None if frame is None else _held_in(opt, frame)
+    except Exception:  # noqa: BLE001 - an odd frame only costs the label
         return None
+
+
+def _held_in(opt: torch.optim.Optimizer, f: types.FrameType) -> str | None:
+    def holds(v: Any) -> bool:
+        # a wrapper (Accelerate's, Lightning's) derives from torch's Optimizer too;
+        # type(): see from_live_modules
+        return v is opt or (issubclass(type(v), torch.optim.Optimizer) and unwrap(v) is opt)
+
+    for scope in (f.f_locals, f.f_globals):
+        for k, v in list(scope.items()):
+            if not k.startswith("_") and holds(v):
+                return str(k)
+    skip = (type, types.ModuleType, types.FunctionType, torch.optim.Optimizer)
+    for k, v in list(f.f_locals.items()):
+        if k.startswith("_") or issubclass(type(v), skip) or type(v).__module__ == "weakref":
+            continue
+        try:
+            attrs = object.__getattribute__(v, "__dict__")
+        except (AttributeError, TypeError, ReferenceError):
+            continue
+        if type(attrs) is dict:
+            for a, x in list(attrs.items()):
+                if not a.startswith("_") and holds(x):
+                    return f"{k}.{a}"
     return None
 
 

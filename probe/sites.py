@@ -4,12 +4,16 @@ once per line and named by a small id (a ``Site`` record, sent once).
 Thread: training (the backward wrapper, the step hooks and the zero_grad wrappers, through
 the tracker).
 
-A site is the innermost frame outside torch, gradwatch and the frameworks that call torch on
+A notebook cell's line is named as IPython names it (``Cell In[3]``, line 4). A site is the
+innermost frame outside torch, gradwatch and the frameworks that call torch on
 the user's behalf (Lightning, Transformers, Accelerate). A framework's own helper for the
 same call (``accelerator.backward(loss)``, ``self.manual_backward(loss)``, a wrapped
 optimizer's ``step`` or ``zero_grad``) counts as the user's call: the line that called the
 helper is named. Where the framework drives the loop (``trainer.fit(model)`` runs backward
-and step itself), the framework's frame that made the call is named instead.
+and step itself), the user's function the callback said stands for that call is named
+(:meth:`Sites.stand_in`: the module's ``training_step``, its ``optimizer_zero_grad``
+override), else the user's line that started the framework: never a library's line. Frames
+of any installed library (``site-packages``, ``dist-packages``) count as a framework's.
 """
 
 # Cost: each code object is classified once (by its module's name); the usual call walks the
@@ -31,8 +35,10 @@ _SKIPPED = frozenset({"torch", "gradwatch", "functorch"})
 _OUR_USERS = frozenset({"gradwatch.demo"})
 """gradwatch modules that are training code, not the probe: the demo's loop is its user's."""
 FRAMEWORKS = frozenset({"lightning", "pytorch_lightning", "lightning_fabric", "transformers",
-                        "accelerate"})
+                        "accelerate", "deepspeed"})
 """Top-level packages that call backward, step and zero_grad on the user's behalf."""
+_INSTALLED = ("site-packages", "dist-packages")
+"""Folders of installed libraries: their frames are a library's, never the user's lines."""
 _VERB = {"backward": "backward", "step": "step", "reset": "zero_grad"}
 """Per role: what a framework helper's name holds when it makes that call for the user."""
 _MAX_FRAMES = 96
@@ -44,13 +50,16 @@ def _kind(frame: FrameType) -> int:
     top = name.partition(".")[0] if isinstance(name, str) else ""
     if top in _SKIPPED:
         return _USER if name in _OUR_USERS else _SKIP
-    return _FRAMEWORK if top in FRAMEWORKS else _USER
+    if top in FRAMEWORKS:
+        return _FRAMEWORK
+    parts = frame.f_code.co_filename.replace("\\", "/").split("/")
+    return _FRAMEWORK if any(p in _INSTALLED for p in parts) else _USER
 
 
 class Sites:
     """The call sites of one watch session: ids from 1, each sent to ``emit`` once."""
 
-    __slots__ = ("_emit", "_kinds", "_by_key", "_by_line")
+    __slots__ = ("_emit", "_kinds", "_by_key", "_by_line", "_stand_ins")
 
     def __init__(self, emit: Callable[[Site], None]) -> None:
         self._emit = emit
@@ -59,6 +68,14 @@ class Sites:
         self._by_key: dict[tuple[int, int], int] = {}
         """``(id(code), f_lasti) -> site id``."""
         self._by_line: dict[tuple[str, int, str], int] = {}
+        self._stand_ins: dict[str, CodeType] = {}
+        """Per role, the user's code to name where a framework makes the call."""
+
+    def stand_in(self, role: str, code: CodeType) -> None:
+        """Name ``code`` (a function of the user's: a LightningModule's ``training_step``,
+        its ``optimizer_zero_grad`` override) for the ``role`` calls a framework makes on
+        the user's behalf, instead of the framework's own line."""
+        self._stand_ins[role] = code
 
     def here(self, role: str, depth: int = 1) -> int:
         """The site of the ``role`` call (``backward``, ``step`` or ``reset``) being made
@@ -78,13 +95,20 @@ class Sites:
             if kind == _USER:
                 if outer is None or _VERB[role] in outer.f_code.co_name:
                     return self._site(f)
-                return self._site(inner)  # type: ignore[arg-type]  # set with outer
+                # the framework made the call: the user's function standing for it, else
+                # the user's line that started the framework (``trainer.fit(model)``)
+                stand = self._stand_ins.get(role)
+                return self._site(f) if stand is None else self._line(stand,
+                                                                       stand.co_firstlineno)
             if kind == _FRAMEWORK:
                 if inner is None:
                     inner = f
                 outer = f
             f = f.f_back
             n += 1
+        stand = self._stand_ins.get(role)
+        if stand is not None:
+            return self._line(stand, stand.co_firstlineno)
         return 0 if inner is None else self._site(inner)
 
     skip_tracing(here, "gradwatch's call-site lookup (reads frames)")
@@ -97,12 +121,30 @@ class Sites:
             return sid
         if id(code) not in self._kinds:  # keep the code alive while its id is a key
             self._kinds[id(code)] = (code, _kind(f))
-        line = (code.co_filename, f.f_lineno or code.co_firstlineno,
+        sid = self._by_key[key] = self._line(code, f.f_lineno or code.co_firstlineno)
+        return sid
+
+    def _line(self, code: CodeType, lineno: int) -> int:
+        """The site id of line ``lineno`` of ``code`` (its ``Site`` sent the first time)."""
+        line = (_cell_name(code.co_filename), lineno,
                 getattr(code, "co_qualname", code.co_name))
         sid = self._by_line.get(line)
         if sid is None:
             sid = self._by_line[line] = len(self._by_line) + 1
             self._emit(Site(seq=0, t=time.time(), id=sid, file=line[0][:4096], line=line[1],
                             function=line[2][:400]))
-        self._by_key[key] = sid
         return sid
+
+
+def _cell_name(filename: str) -> str:
+    """A notebook cell's code as IPython names it in tracebacks (``Cell In[3]``), not its
+    temporary file (``/tmp/ipykernel_<pid>/<hash>.py``); any other file as given."""
+    ipython = sys.modules.get("IPython")  # only a program IPython runs has cells
+    if ipython is None:
+        return filename
+    try:
+        shell = ipython.get_ipython()
+        named = shell.compile.format_code_name(filename) if shell is not None else None
+    except Exception:  # noqa: BLE001 - an older or odd IPython only costs the cell's name
+        return filename
+    return f"{named[0]} {named[1]}" if named else filename

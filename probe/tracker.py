@@ -78,7 +78,7 @@ class Tracker:
     __slots__ = ("on", "backwards", "ledgers", "marks", "by_param", "handles", "own_hooks",
                  "post_hooked", "unhooked", "emit", "norms_every", "namer", "auto",
                  "on_disable", "disabled", "steps", "_names_taken", "labeler", "labels",
-                 "sites", "shared", "unowned", "holdings", "roots", "last_step")
+                 "sites", "shared", "unowned", "holdings", "roots", "last_step", "unlabelled")
 
     def __init__(self, emit: Emit, *, norms_every: int = 1, namer: Namer | None = None,
                  auto: bool = False, on_disable: Callable[[str], None] | None = None,
@@ -112,6 +112,9 @@ class Tracker:
         self.labeler = labeler
         """Finds what the user calls an optimizer given no name (its display label)."""
         self.labels: dict[Ledger, str] = {}
+        self.unlabelled: set[Ledger] = set()
+        """Ledgers the labeler found no name for when attached: asked again at their first
+        step, whose caller holds the optimizer (``opt.step()``)."""
         # issue 20 (lifecycle findings, loops with no optimizer): what no optimizer holds
         self.unowned = Unowned(self)
         self.holdings = Holdings(self.emit)
@@ -134,15 +137,17 @@ class Tracker:
                 params.append(p)
                 groups.append(gi)
         label = self.labeler(opt) if name is None and self.labeler is not None else None
+        given = name is not None
         if name is None:
             name = f"{type(opt).__name__}#{len(self.ledgers)}"
         while name in self._names_taken:
             name += "'"
         self._names_taken.add(name)
         led = Ledger(opt, name, params, groups, self.backwards, self.norms_every)
-        if label:  # unique: a label two optimizers share gets the id too
-            self.labels[led] = (label if label not in self.labels.values()
-                                else f"{label} ({name})")
+        if label:
+            self._label(led, label)
+        elif not given and self.labeler is not None:
+            self.unlabelled.add(led)
         self.ledgers[opt] = led
         self.marks.append(led.incoming.append)
         self._track(led, range(len(params)))
@@ -153,6 +158,20 @@ class Tracker:
             self.handles.append(opt.register_step_pre_hook(no_compile(self.pre)))
         self._announce(led)
         return led
+
+    def _label(self, led: Ledger, label: str) -> None:
+        # unique: a label two optimizers share gets the id too
+        self.labels[led] = (label if label not in self.labels.values()
+                            else f"{label} ({led.name})")
+
+    def _label_at_first_step(self, led: Ledger) -> None:
+        """Name an optimizer ``watch()`` could not name by what its first ``step()``'s
+        caller holds it as; announce it again under that name."""
+        self.unlabelled.discard(led)
+        label = self.labeler(led.opt) if self.labeler is not None else None
+        if label:
+            self._label(led, label)
+            self._announce(led)
 
     def _track(self, led: Ledger, ks: range) -> None:
         for k in ks:
@@ -270,6 +289,8 @@ class Tracker:
                 if not self.auto:
                     return None
                 led = self.attach(opt, instance_hooks=False)
+            if self.unlabelled and led in self.unlabelled:
+                self._label_at_first_step(led)
             if self.unhooked and (late := self.unhooked.pop(led, None)):
                 for k in late:
                     self._hook(led, k)

@@ -91,7 +91,7 @@ def test_zero_grad_between_backward_and_step_is_a_late_reset(tmp_path: Path) -> 
                 callbacks=[GradwatchCallback(log=log), _ZeroGradBeforeStep()])
     t.train()
     v = judged(log)
-    assert kinds(v) == {("late_reset", "AdamW#0")}
+    assert kinds(v) == {("late_reset", "self.optimizer")}
     late = v.findings()[0]
     assert late.first_step == 0 and late.steps == t.state.global_step == 4
     assert any(p.startswith("transformer.h.0.") for p in late.params)  # the model's names

@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger  # noqa: E402
 
 from gradwatch.lightning import GradwatchCallback  # noqa: E402
 from gradwatch.steplog import read_log  # noqa: E402
-from gradwatch.wire import End, Header, Scalars, Step  # noqa: E402
+from gradwatch.wire import End, Header, OptimizerInfo, Scalars, Step  # noqa: E402
 from tests.integrations.conftest import judged, kinds  # noqa: E402
 from tests.integrations.lit_models import Gan, Regressor, noise_data, regression_data  # noqa: E402
 
@@ -62,7 +62,8 @@ def test_manual_optimization_gan_is_clean_and_its_optimizers_are_named(
     v = judged(log)
     assert v.findings() == []
     assert v.summary()["steps"] == 12 == t.global_step
-    assert v.summary()["optimizers"] == ["discriminator", "generator"]
+    # named as training_step holds them (g_opt, d_opt = self.optimizers())
+    assert v.summary()["optimizers"] == ["d_opt", "g_opt"]
 
 
 def test_gan_without_the_discriminators_zero_grad_is_caught(tmp_path: Path) -> None:
@@ -70,8 +71,13 @@ def test_gan_without_the_discriminators_zero_grad_is_caught(tmp_path: Path) -> N
     t = trainer(tmp_path, GradwatchCallback(log=log))
     t.fit(Gan(forget_d_zero_grad=True), noise_data(n=48, batch=8))
     v = judged(log)
-    assert ("missed_reset", "discriminator") in kinds(v)
-    assert all(f.optimizer == "discriminator" for f in v.findings())
+    assert ("missed_reset", "d_opt") in kinds(v)
+    assert all(f.optimizer == "d_opt" for f in v.findings())
+    missed = next(f for f in v.findings() if f.kind == "missed_reset")
+    # the fix pastes: d_opt is the variable training_step steps; its lines are the module's
+    assert "d_opt.zero_grad()" in missed.fix, missed.fix
+    assert missed.where and all(w.file.endswith("lit_models.py") for w in missed.where), \
+        missed.where
     missed = next(f for f in v.findings() if f.kind == "missed_reset")
     assert missed.first_step == 1 and missed.steps == 5  # every step after the first
     assert any(p.startswith("discriminator.") for p in missed.params)
@@ -102,8 +108,8 @@ def test_optimizers_held_by_the_module_take_its_attribute_names(tmp_path: Path) 
     log = tmp_path / "named.jsonl"
     trainer(tmp_path, GradwatchCallback(log=log), max_steps=3).fit(_Named(), regression_data())
     v = judged(log)
-    # the one the module holds is named by its attribute; the other by class and position
-    assert v.summary()["optimizers"] == ["SGD#0", "head_opt"]
+    # the one the module holds is named by its attribute; the other as the loop steps it
+    assert v.summary()["optimizers"] == ["head_opt", "opt"]
 
 
 def test_the_run_is_named_after_the_trainers_logger(tmp_path: Path) -> None:
@@ -192,16 +198,19 @@ def test_log_metrics_hands_the_latest_written_steps_figures_to_the_loggers(
     ours = [(s, m) for s, m in rec.logged if any(k.startswith("gradwatch/") for k in m)]
     assert ours, rec.logged
     steps = [r for r in read_log(log).records if isinstance(r, Step)]
+    # the figures are named as the findings name the optimizers (the last announcement's)
+    label = {i.opt: i.label or i.opt for i in read_log(log).records
+             if isinstance(i, OptimizerInfo)}
     for _, m in ours:
-        for opt in ("discriminator", "generator"):
+        for opt in ("d_opt", "g_opt"):
             if f"gradwatch/{opt}/drift" in m:  # the figures of one step in the log
-                assert any(s.opt == opt and s.drift == m[f"gradwatch/{opt}/drift"]
+                assert any(label[s.opt] == opt and s.drift == m[f"gradwatch/{opt}/drift"]
                            and s.norm == m[f"gradwatch/{opt}/norm"]
                            and s.fresh_norm == m[f"gradwatch/{opt}/fresh_norm"]
                            for s in steps)
         assert all(isinstance(v, float) for v in m.values())
     assert ours[-1][1]["gradwatch/findings"] == 2.0  # missed_reset and the leak
-    assert max(m.get("gradwatch/discriminator/drift", 0.0) for _, m in ours) > 1.5
+    assert max(m.get("gradwatch/d_opt/drift", 0.0) for _, m in ours) > 1.5
 
 
 def test_without_log_metrics_nothing_reaches_the_loggers(tmp_path: Path) -> None:
@@ -241,8 +250,8 @@ def test_ddp_ranks_write_one_run_each_rank_judged(tmp_path: Path) -> None:
         headers.append(read_log(path).header)
         v = judged(path)
         assert v.summary()["steps"] == 6  # 3 batches per rank, two optimizers each
-        assert kinds(v) >= {("missed_reset", "discriminator")}
-        assert all(f.optimizer == "discriminator" for f in v.findings())
+        assert kinds(v) >= {("missed_reset", "d_opt")}
+        assert all(f.optimizer == "d_opt" for f in v.findings())
     assert [(h.rank, h.world_size) for h in headers] == [(0, 2), (1, 2)]
     assert headers[0].run == headers[1].run
     assert {h.run_name for h in headers} == {"gan-ddp"}

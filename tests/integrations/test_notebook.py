@@ -63,16 +63,16 @@ def test_rerunning_a_training_cell_without_zero_grad_is_caught(
 
     out = run(shell, BROKEN, capsys)
     assert out.startswith("gradwatch: 5 optimizer steps in this cell, 1 finding:")
-    assert "missed_reset on SGD#0, from step 5 (5 steps)" in out  # step 5 re-reads step 4's
+    assert "missed_reset on opt, from step 5 (5 steps)" in out  # step 5 re-reads step 4's
     # the fix names the cell's own lines (the backward and the step of the broken cell)
-    assert re.search(r"fix: Call SGD#0\.zero_grad\(\) before loss\.backward\(\) at "
-                     r"<ipython-input-\d+-\w+>:\d+", out), out
+    assert re.search(r"fix: Call opt\.zero_grad\(\) before loss\.backward\(\) at "
+                     r"Cell In\[\d+\], line \d+", out), out
     # the parameters' names, from the model found in memory (prefixed with its class when
     # other models are alive too)
     assert re.search(r"params: (Sequential\.)?0\.weight, (Sequential\.)?0\.bias", out), out
 
     out = run(shell, BROKEN, capsys)  # the same slip again: reported as still happening
-    assert "missed_reset on SGD#0, from step 5 (10 steps) (again in this cell)" in out
+    assert "missed_reset on opt, from step 5 (10 steps) (again in this cell)" in out
 
     assert "5 optimizer steps in this cell, no gradient-reset bug" in run(shell, TRAIN, capsys)
     assert run(shell, "w = model[0].weight.sum()", capsys) == ""  # no step: silent

@@ -86,15 +86,15 @@ def test_gradwatch_fails_the_test_that_forgot_zero_grad(pytester: pytest.Pyteste
     # the finding, its fix and the step log, in the failing test's report
     section = out[out.index("_ test_forgets_zero_grad _"):]
     assert "gradwatch: this test stepped on 1 gradient-reset bug" in section
-    assert "missed_reset on SGD#0, from step 1 (4 steps)" in section
+    assert "missed_reset on opt, from step 1 (4 steps)" in section
     # the fix names the test's own lines: the backward and the step
-    assert ("fix: Call SGD#0.zero_grad() before loss.backward() at test_train.py:13 "
-            "(or right after SGD#0.step() at test_train.py:14)") in section
+    assert ("fix: Call opt.zero_grad() before loss.backward() at test_train.py:13 "
+            "(or right after opt.step() at test_train.py:14)") in section
     assert "params: 0.weight, 0.bias, 2.weight, 2.bias" in section
     # a test that fails on its own keeps its error; the findings come as a section
     own = out[out.index("_ test_fails_on_its_own_and_forgets_zero_grad _"):]
     assert "the test's own failure" in own
-    assert "Captured gradwatch call" in own and "missed_reset on SGD#0" in own
+    assert "Captured gradwatch call" in own and "missed_reset on opt" in own
 
     # each watched test has its own step log in pytest's temporary directory
     logs = sorted(p.parent.name for p in base.glob("gradwatch-*/steps.jsonl")

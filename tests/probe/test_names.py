@@ -133,3 +133,55 @@ def test_no_variable_no_label_and_shared_labels_stay_unique(tmp_path: Path) -> N
     assert [i.label for i in infos] == [None, "b", "opt", "opt (SGD#3)", "opt (SGD#4)"]
     assert infos[0].params == ["w"]  # a plain tensor is named by its variable too
     assert infos[-1].params == ["weight", "bias"]
+
+
+# ------------------------------------------------------------------ watch()'s names
+class _Loop:
+    """A training loop object holding its optimizer as ``self.opt``."""
+
+    def __init__(self, opt: torch.optim.Optimizer, tmp_path: Path) -> None:
+        self.opt = opt
+        self.path = tmp_path / "loop.jsonl"
+
+    def watch(self) -> gradwatch.WatchHandle:
+        return gradwatch.watch(self.opt, log=self.path)
+
+
+def _missed(opt: torch.optim.Optimizer, w: torch.Tensor, steps: int = 3) -> None:
+    for _ in range(steps):  # never reset: every step after the first re-applies old grads
+        (w * w).sum().backward()
+        opt.step()
+
+
+def test_watch_names_the_optimizer_as_the_calling_code_holds_it(tmp_path: Path) -> None:
+    """``watch(opt)`` names it ``opt`` in the header record, the finding and its fix; an
+    attribute reads ``self.opt``; ``names=`` still wins."""
+    w = torch.ones(3, requires_grad=True)
+    adam = torch.optim.Adam([w], lr=0.1)
+    with gradwatch.watch(adam, log=tmp_path / "a.jsonl") as h:
+        _missed(adam, w)
+    (f,) = h.findings()
+    assert (f.kind, f.optimizer) == ("missed_reset", "adam")
+    assert "adam.zero_grad()" in f.fix and "Adam#0" not in f.fix + f.message
+    infos = [r for r in read_log(tmp_path / "a.jsonl").records if isinstance(r, OptimizerInfo)]
+    assert [i.label for i in infos] == ["adam"]
+
+    loop = _Loop(torch.optim.SGD([w], lr=0.1), tmp_path)
+    with loop.watch() as h:
+        _missed(loop.opt, w)
+    assert [f.optimizer for f in h.findings()] == ["self.opt"]
+
+    with gradwatch.watch(adam, log=tmp_path / "n.jsonl", names=["enc_opt"]) as h:
+        _missed(adam, w)
+    assert [f.optimizer for f in h.findings()] == ["enc_opt"]
+
+
+def test_an_optimizer_no_variable_holds_at_watch_is_named_at_its_first_step(
+        tmp_path: Path) -> None:
+    w = torch.ones(3, requires_grad=True)
+    made = [torch.optim.SGD([w], lr=0.1)]  # held in a list: no variable names it
+    with gradwatch.watch(made[0], log=tmp_path / "s.jsonl") as h:
+        _missed(made[0], w)  # _missed's frame, which steps it, holds it as ``opt``
+    assert [f.optimizer for f in h.findings()] == ["opt"]
+    infos = [r for r in read_log(tmp_path / "s.jsonl").records if isinstance(r, OptimizerInfo)]
+    assert [i.label for i in infos] == [None, "opt"]  # announced again, named

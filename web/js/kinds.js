@@ -92,6 +92,8 @@ export function primaryWhere(f) {
  */
 export function whereAt(w) {
   const file = String(w.file || "?");
+  // a notebook cell, as IPython names it (gradwatch/locations.py: at)
+  if (file.startsWith("Cell In[")) return `${file}, line ${w.line}`;
   const base = file.split(/[\\/]/).filter(Boolean).pop() || file;
   return `${base}:${w.line}`;
 }
