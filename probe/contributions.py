@@ -20,6 +20,7 @@ from gradwatch.probe.backwards import Backwards
 from gradwatch.probe.facts import Hits, ResetFact, StepTally, as_left, param_indices
 from gradwatch.probe.handresets import ArmedBackward, HandResets
 from gradwatch.probe.norms import Grads, values
+from gradwatch.probe.shards import GradReader
 
 _MAX_PENDING = 4096
 """Resets kept for an optimizer's next step (see :meth:`Contributions._pend`)."""
@@ -29,14 +30,16 @@ class Contributions:
     """One optimizer's contributions, consumed and not, per parameter. Owned by its ledger."""
 
     __slots__ = ("params", "index", "backwards", "hand", "incoming", "hits", "cur_bw",
-                 "lazy_old", "dirty", "old", "new", "pending", "old_sites", "judge")
+                 "lazy_old", "dirty", "old", "new", "pending", "old_sites", "judge", "reader")
 
-    def __init__(self, params: list[torch.Tensor], backwards: Backwards) -> None:
+    def __init__(self, params: list[torch.Tensor], backwards: Backwards,
+                 reader: GradReader) -> None:
         self.params = params
+        self.reader = reader
         self.index = {id(p): k for k, p in enumerate(params)}
         """``id(param) -> k``: the parameters are held by :attr:`params`, so ids stay theirs."""
         self.backwards = backwards
-        self.hand = HandResets(params)
+        self.hand = HandResets(params, reader)
         n = len(params)
         self.incoming: Hits = []
         """What the hooks append (each parameter's hook is this list's ``append``, the
@@ -67,7 +70,7 @@ class Contributions:
         self.params.extend(params)
         self.old.extend([0] * n)
         self.new.extend([] for _ in range(n))
-        self.hand.extend([p.grad for p in params])
+        self.hand.extend(self.reader.grads(params))
         return range(n0, n0 + n)
 
     def found(self, ks: Iterable[int]) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from gradwatch.probe.names import owners
+from gradwatch.probe.shards import GradReader, local
 
 _SAMPLE = 32
 """Parameters whose versions are taken when a phase begins (spread over the list)."""
@@ -41,10 +42,11 @@ _MAX_NODES = 100_000
 class Deliberate:
     """What one optimizer's ledger needs to tell a deliberate discard from a bug."""
 
-    __slots__ = ("params", "sample", "versions", "left", "owner")
+    __slots__ = ("params", "sample", "versions", "left", "owner", "reader")
 
-    def __init__(self, params: list[torch.Tensor]) -> None:
+    def __init__(self, params: list[torch.Tensor], reader: GradReader) -> None:
         self.params = params
+        self.reader = reader
         """The ledger's own list (parameters added later are appended to it)."""
         self.sample: list[int] = []
         self.versions: list[int] = []
@@ -66,19 +68,19 @@ class Deliberate:
     def phase_began(self) -> None:
         """The first backward after a step starts: take the sampled parameters' versions."""
         params = self.params
-        self.versions = [params[k]._version for k in self.sample]
+        self.versions = [local(params[k])._version for k in self.sample]
 
     def moved(self, ks: Collection[int]) -> bool:
         """Whether the parameters of ``ks`` were changed in place since the phase began:
         every sampled one among them (at least one)."""
         params, versions = self.params, self.versions
         got = [(k, v) for k, v in zip(self.sample, versions, strict=True) if k in ks]
-        return bool(got) and all(params[k]._version != v for k, v in got)
+        return bool(got) and all(local(params[k])._version != v for k, v in got)
 
     def backward_left(self) -> None:
         """A backward returned while a lost contribution awaits the step: take the
         gradients it left."""
-        self.left = [p.grad for p in self.params]
+        self.left = self.reader.grads(self.params)
 
     def handwritten(self, grads: Sequence[torch.Tensor | None], ks: Iterable[int]) -> bool:
         """Whether the step reads, for every parameter of ``ks`` that has a gradient (at

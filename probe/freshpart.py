@@ -23,14 +23,17 @@ from collections.abc import Sequence
 
 import torch
 
+from gradwatch.probe.shards import GradReader
+
 
 class FreshPart:
     """The fresh part of one optimizer's gradients since its last step. Owned by its norm
     schedule, which clears it when a step consumes the gradients."""
 
-    __slots__ = ("_before", "_sums", "_left", "_acc", "_fresh", "_ks")
+    __slots__ = ("_before", "_sums", "_left", "_acc", "_fresh", "_ks", "_reader")
 
-    def __init__(self) -> None:
+    def __init__(self, reader: GradReader) -> None:
+        self._reader = reader
         self._before: list[torch.Tensor | None] | None = None
         """Copies taken when the running backward started (None between backwards)."""
         self._sums: dict[int, torch.Tensor] = {}
@@ -46,8 +49,7 @@ class FreshPart:
         consumed contributions)."""
         before: list[torch.Tensor | None] = []
         with torch.no_grad():
-            for k, p in enumerate(params):
-                g = p.grad
+            for k, g in enumerate(self._reader.grads(params)):
                 if g is None or g.is_sparse or not (old[k] if k < len(old) else 0):
                     before.append(None)
                 else:
@@ -59,7 +61,7 @@ class FreshPart:
         before, self._before = self._before, None
         if before is None:
             return
-        grads = [p.grad for p in params]
+        grads = self._reader.grads(params)
         sums = self._sums
         with torch.no_grad():
             ks, after, was = [], [], []

@@ -17,15 +17,19 @@ import weakref
 
 import torch
 
+from gradwatch.probe.shards import GradReader
+
 
 class HandResets:
     """One optimizer's ``.grad`` objects and versions as its last consumption read them, and
     the state around the backwards started while it was armed. Owned by its ledger."""
 
-    __slots__ = ("params", "refs", "vers", "held", "ready", "backwards", "pre_check")
+    __slots__ = ("params", "refs", "vers", "held", "ready", "backwards", "pre_check",
+                 "reader")
 
-    def __init__(self, params: list[torch.Tensor]) -> None:
+    def __init__(self, params: list[torch.Tensor], reader: GradReader) -> None:
         self.params = params
+        self.reader = reader
         """The ledger's own list (parameters added later are appended to it)."""
         n = len(params)
         self.refs: list[weakref.ref[torch.Tensor] | None] = [None] * n
@@ -54,7 +58,7 @@ class HandResets:
             return
         grads = self.held
         if grads is None:
-            grads = [p.grad for p in self.params]
+            grads = self.reader.grads(self.params)
         ref = weakref.ref
         self.refs = [None if g is None else ref(g) for g in grads]
         self.vers = [0 if g is None else g._version for g in grads]
@@ -86,8 +90,8 @@ class HandResets:
         """Backward ``bw`` starts while armed: take the ``.grad`` state before it (``old``:
         the consumed contributions per parameter, folded)."""
         self.observe()
-        self.pre_check = PreCheck.take(self.params, old, bw)
-        seen = self.backwards[bw] = ArmedBackward(self.params)
+        self.pre_check = PreCheck.take(self.reader.grads(self.params), old, bw)
+        seen = self.backwards[bw] = ArmedBackward(self.params, self.reader)
         return seen
 
     def retire_done(self) -> None:
@@ -137,11 +141,12 @@ class PreCheck:
         self._vals: dict[int, float] | None = None
 
     @classmethod
-    def take(cls, params: list[torch.Tensor], old: list[int], bw: int) -> PreCheck | None:
-        """The norms of the gradients holding consumed content (``old[k]``), or None."""
+    def take(cls, now: list[torch.Tensor | None], old: list[int], bw: int
+             ) -> PreCheck | None:
+        """The norms of the gradients ``now`` holding consumed content (``old[k]``), or
+        None."""
         ks, grads = [], []
-        for k, p in enumerate(params):
-            g = p.grad
+        for k, g in enumerate(now):
             if g is not None and old[k] and not g.is_sparse:
                 ks.append(k)
                 grads.append(g)
@@ -171,16 +176,17 @@ class ArmedBackward:
     stands in.
     """
 
-    __slots__ = ("before", "grads", "after")
+    __slots__ = ("before", "grads", "after", "reader")
 
-    def __init__(self, params: list[torch.Tensor]) -> None:
-        self.before = [-1 if (g := p.grad) is None else g._version for p in params]
+    def __init__(self, params: list[torch.Tensor], reader: GradReader) -> None:
+        self.reader = reader
+        self.before = [-1 if g is None else g._version for g in reader.grads(params)]
         self.grads: list[torch.Tensor | None] | None = None
         self.after: list[int] = []
 
     def done(self, params: list[torch.Tensor]) -> None:
         """The engine returned: take the gradients the contributions landed on."""
-        grads = [p.grad for p in params]
+        grads = self.reader.grads(params)
         self.grads = grads
         self.after = [0 if g is None else g._version for g in grads]
 
@@ -188,6 +194,6 @@ class ArmedBackward:
         """``(grad, version before, version after)`` of parameter ``k`` (``p``)."""
         before = self.before[k] if k < len(self.before) else -1  # added since: was None
         if self.grads is None or k >= len(self.grads):
-            g = p.grad
+            g = self.reader.grad(p)
             return g, before, 0 if g is None else g._version
         return self.grads[k], before, self.after[k]

@@ -51,6 +51,7 @@ from gradwatch.probe.facts import (
 )
 from gradwatch.probe.handresets import ArmedBackward
 from gradwatch.probe.norms import Grads, NormSchedule
+from gradwatch.probe.shards import GradReader
 
 _removed = attrgetter("removed")
 _NO_LOSSES: dict[str, ResetLoss] = {}
@@ -65,7 +66,7 @@ class Ledger:
     """Everything the probe counts for one optimizer, and the methods that count it."""
 
     __slots__ = ("opt", "uid", "name", "params", "groups", "backwards", "contents", "norms",
-                 "step", "tally", "in_step", "deliberate")
+                 "step", "tally", "in_step", "deliberate", "reader")
 
     def __init__(self, opt: torch.optim.Optimizer, name: str, params: list[torch.Tensor],
                  groups: list[int], backwards: Backwards, norms_every: int) -> None:
@@ -77,10 +78,13 @@ class Ledger:
         self.groups = groups
         """Each parameter's param group."""
         self.backwards = backwards
-        self.contents = Contributions(params, backwards)
+        self.reader = GradReader(params)
+        """How its gradients are read (a DTensor's as its local shard): every part reads
+        ``.grad`` through it."""
+        self.contents = Contributions(params, backwards, self.reader)
         self.contents.judge = self._judge_removal
-        self.norms = NormSchedule(opt, norms_every)
-        self.deliberate = Deliberate(params)
+        self.norms = NormSchedule(opt, norms_every, self.reader)
+        self.deliberate = Deliberate(params, self.reader)
         self.step = 0
         self.tally = StepTally()
         self.in_step = False
@@ -95,6 +99,7 @@ class Ledger:
     def add(self, params: list[torch.Tensor], groups: list[int]) -> range:
         """Parameters added to the optimizer (``add_param_group``), indexed after the others;
         returns their indices."""
+        self.reader.saw(params)
         ks = self.contents.add(params)  # extends self.params: the same list
         self.groups.extend(groups)
         self.norms.replan()
@@ -163,7 +168,7 @@ class Ledger:
         """
         contents = self.contents
         if contents.settled() and not any(map(_removed, contents.pending)):
-            grads = [p.grad for p in self.params]
+            grads = self.reader.grads(self.params)
             if not any(map(is_, grads, repeat(None))):
                 hits = contents.take_textbook(self.uid)
                 if hits is not None:
@@ -190,7 +195,7 @@ class Ledger:
 
     def skipped_step(self) -> JudgedStep:
         """GradScaler skipped the step: it looked at the gradients without applying them."""
-        grads = [p.grad for p in self.params]
+        grads = self.reader.grads(self.params)
         bws = self.contents.unconsumed(grads)
         self.backwards.observe(bws)
         self.tally.bws.update(bws)
@@ -203,7 +208,7 @@ class Ledger:
         """The general way: count what the optimizer reads now; mark it consumed."""
         contents = self.contents
         contents.pull()
-        grads = [p.grad for p in self.params]
+        grads = self.reader.grads(self.params)
         missing = any(map(is_, grads, repeat(None)))
         zero: list[int] = []
         mixed: list[tuple[int, int]] = []
@@ -235,7 +240,7 @@ class Ledger:
                     (discarded if tally.had_fresh(k) else late).append((reset, k, gone))
         deliberate = self.deliberate
         if (discarded or late) and deliberate.left is not None:
-            grads = [p.grad for p in self.params]
+            grads = self.reader.grads(self.params)
             if deliberate.handwritten(grads, {k for _, k, _ in discarded + late}):
                 # gradient surgery: the step read what was written after the backwards
                 discarded = []

@@ -26,6 +26,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from gradwatch.probe.shards import is_dtensor, local
+
 log = logging.getLogger("gradwatch.probe")
 
 UNSCALED = "_gradwatch_unscaled"
@@ -57,6 +59,10 @@ def capture(t: Any) -> Value | None:
     src = getattr(t, UNSCALED, None)
     if src is not None:
         t = src
+    if is_dtensor(t):  # a loss of parallel layers: read the local value, never reduce it
+        if not all(pl.is_replicate() for pl in t.placements):
+            return None  # a partial or sharded loss: no rank holds its value
+        t = local(t)
     if t.numel() != 1 or not t.is_floating_point():
         return None
     kind = t.device.type

@@ -101,7 +101,7 @@ class Manual:
         led = self.led
         if not self.at_end or led is None or not self.every or led.step % self.every:
             return
-        self.pre_norms = sample([p.grad for p in led.params], None, [], [], None)
+        self.pre_norms = sample(led.reader.grads(led.params), None, [], [], None)
 
     def _join(self, new: list[torch.Tensor]) -> None:
         self.opt.param_groups[0]["params"].extend(new)

@@ -25,6 +25,7 @@ import torch
 from gradwatch.probe.cpuplan import CpuPlan
 from gradwatch.probe.facts import Norms, NormSample
 from gradwatch.probe.freshpart import FreshPart
+from gradwatch.probe.shards import GradReader, local
 
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
@@ -40,14 +41,14 @@ class NormSchedule:
     __slots__ = ("opt", "every", "plan", "planned", "fresh", "stale_seen", "quiet",
                  "measuring")
 
-    def __init__(self, opt: torch.optim.Optimizer, every: int) -> None:
+    def __init__(self, opt: torch.optim.Optimizer, every: int, reader: GradReader) -> None:
         self.opt = opt
         self.every = every
         """Sample every N steps (0 = never)."""
         self.plan: CpuPlan | None = None
         self.planned = False
         """:attr:`plan` was made (it is None where the gradients are not all on the CPU)."""
-        self.fresh = FreshPart()
+        self.fresh = FreshPart(reader)
         self.stale_seen = False
         """The optimizer consumed stale content once."""
         self.quiet = False
@@ -138,9 +139,10 @@ def _norm_list(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 def values(grads: list[torch.Tensor]) -> list[float]:
-    """Norms of ``grads`` on the host (one copy for the whole list)."""
+    """Norms of ``grads`` on the host (one copy for the whole list); a DTensor's are its
+    local shard's."""
     with torch.no_grad():
-        out: list[float] = _norm_list(grads).tolist()
+        out: list[float] = _norm_list([local(g) for g in grads]).tolist()
     return out
 
 

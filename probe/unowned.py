@@ -45,6 +45,7 @@ import torch
 from gradwatch.probe import names
 from gradwatch.probe.manual import Manual, named_by_frames
 from gradwatch.probe.norms import values
+from gradwatch.probe.shards import local, readable
 from gradwatch.wire import Unowned as UnownedRecord
 
 if TYPE_CHECKING:
@@ -103,7 +104,8 @@ class Unowned:
         self.churn = False
         """Plain tensors made anew were seen: with no optimizer they join no more."""
         self.elsewhere: dict[int, weakref.ref[torch.Tensor]] = {}
-        """Leaves an optimizer the session does not watch holds (left alone)."""
+        """Leaves an optimizer the session does not watch holds, or whose storage was seen
+        freed (FSDP2's all-gathered parameters): left alone."""
         self.untrained: dict[int, _Leaf] = {}
         self.member_fp: dict[int, tuple[int, float]] = {}
         """``id(param)`` -> version and norm of each ``manual`` parameter at the last
@@ -144,6 +146,9 @@ class Unowned:
             gone = self.elsewhere.get(key)
             if gone is not None and gone() is t:
                 continue
+            if not readable(local(t)):  # FSDP2's all-gathered parameter, freed: its own
+                self.elsewhere[key] = weakref.ref(t)
+                continue
             if len(self.probation) + len(self.settled) < MAX_LEAVES:
                 self.probation[key] = _Leaf(t, bw, self.tick, steps, real)
         if hit:
@@ -165,7 +170,7 @@ class Unowned:
         if not tensors:
             self._after_boundary()
             return
-        vers = [t._version for t in tensors]
+        vers = [local(t)._version for t in tensors]
         norms = values(tensors)
         m = len(members)
         fp = self.member_fp
@@ -206,7 +211,7 @@ class Unowned:
             self.settled.pop(key, None)
             if self.untrained.pop(key, None) is not None:
                 self.dirty = True
-            fp[key] = (t._version, lf.norm)  # as looked at just now
+            fp[key] = (local(t)._version, lf.norm)  # as looked at just now
         if moved or joins:
             self.manual.step([t for _, t in joins], self.end_grads)
         self._after_boundary()
@@ -243,6 +248,9 @@ class Unowned:
             t = lf.ref()
             if t is None or t in owned:
                 dead.append(key)
+            elif not readable(local(t)):  # storage freed since (FSDP2 resharded it)
+                dead.append(key)
+                self.elsewhere[key] = lf.ref
             else:
                 out.append((lf, t))
         for key in dead:
