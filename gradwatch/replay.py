@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 from gradwatch.cliargs import CommandParser, summary
 from gradwatch.steplog import GZIP_MAGIC, LogReader, StepLogError, StepLogWriter
 from gradwatch.stream import Streamer, ingest_url, reachable
-from gradwatch.streamkey import key_file, new_key, read_key
+from gradwatch.streamkey import UnsafeKeyFile, key_file, new_key, read_key
 
 
 def _parser() -> CommandParser:
@@ -178,7 +178,12 @@ def resume(path: Path, run: str, rank: int, last_seq: int, server: str, token: s
     """
     print(f"resuming run {run} (rank {rank}) from {path}\n"
           f"dashboard: {dashboard_url(server, run)}", flush=True)
-    key = read_key(path)
+    try:
+        key = read_key(path)
+    except UnsafeKeyFile as e:
+        print(f"gradwatch replay: not using the stream key: {e}; make it yours "
+              f"(chmod 600, same owner) or remove it", file=sys.stderr)
+        key = None
     with tempfile.TemporaryDirectory(prefix="gradwatch-resume-") as d:
         spool = path
         with path.open("rb") as fh:

@@ -233,10 +233,15 @@ def _start_streamer(server: str, path: Path, run: str, rank: int) -> Streamer | 
         return None
     try:
         from gradwatch.stream import Streamer
-        from gradwatch.streamkey import key_file, new_key, own_key
+        from gradwatch.streamkey import UnsafeKeyFile, key_file, new_key, own_key
 
         try:
             key = own_key(path)
+        except UnsafeKeyFile as e:  # a key another user could know: the stream is not ours
+            log.warning("gradwatch: not streaming to %s: the stream key file %s (another "
+                        "user could know the key); remove it or make it yours (same owner, "
+                        "chmod 600); writing the step log %s only", server, e, path)
+            return None
         except OSError as e:  # the stream stays ours; only a later resume cannot prove it
             key = new_key()
             log.warning("gradwatch: cannot keep the stream key in %s (%s); `gradwatch replay "

@@ -25,9 +25,11 @@ from gradwatch.frames import (
 )
 from gradwatch.server.errors import (
     InvalidStream,
+    LogTooBig,
     NameTaken,
     Refused,
     RunLimitReached,
+    RunLive,
     StorageFailed,
     StoreBusy,
 )
@@ -44,7 +46,8 @@ RankQuery = Annotated[int | None, Query(ge=0, le=INT64_MAX)]
 Rank = Annotated[int, Query(ge=0, le=INT64_MAX)]
 
 STATUS: dict[type[Refused], int] = {InvalidStream: 400, NameTaken: 409, RunLimitReached: 429,
-                                    StoreBusy: 503, StorageFailed: 507}
+                                    StoreBusy: 503, StorageFailed: 507, LogTooBig: 413,
+                                    RunLive: 409}
 """The HTTP status that answers each refusal of the core (others: 400)."""
 
 

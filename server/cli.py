@@ -74,6 +74,11 @@ def _parser() -> CommandParser:
                         "(default %(default)g)")
     p.add_argument("--max-header-bytes", type=int, default=d.max_header_bytes,
                    help="largest request head (default 64 KiB)")
+    p.add_argument("--max-import-bytes", type=int, default=d.max_import_bytes,
+                   help="largest step log imported, as uploaded and as text once inflated "
+                        "(default 512 MiB)")
+    p.add_argument("--max-line-bytes", type=int, default=d.max_line_bytes,
+                   help="longest line of an imported step log (default 16 MiB)")
     p.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive_timeout,
                    help="seconds an idle keep-alive HTTP connection stays open "
                         "(default %(default)g)")
@@ -107,7 +112,7 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
     if not 0 < a.port < 65536:
         p.error(f"--port {a.port} is not a port number (1-65535)")
     for name in ("max_frame_bytes", "max_runs", "max_live_clients", "max_ingest_connections",
-                 "live_backlog", "max_header_bytes"):
+                 "live_backlog", "max_header_bytes", "max_import_bytes", "max_line_bytes"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     for name in ("max_msgs_per_sec", "ingest_idle_timeout", "send_timeout", "header_timeout",
@@ -151,7 +156,8 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
                  ingest_idle_timeout=a.ingest_idle_timeout, live_backlog=a.live_backlog,
                  header_timeout=a.header_timeout, max_header_bytes=a.max_header_bytes,
                  keep_alive_timeout=a.keep_alive_timeout, ping_interval=a.ping_interval,
-                 ping_timeout=a.ping_timeout, keep_param_norms=keep)
+                 ping_timeout=a.ping_timeout, keep_param_norms=keep,
+                 max_import_bytes=a.max_import_bytes, max_line_bytes=a.max_line_bytes)
     return s, a
 
 
@@ -169,7 +175,8 @@ def import_logs(settings: Settings, paths: Sequence[str]) -> int:
     for path in paths:
         try:
             with open(path, "rb") as fh:
-                for w in validate(path, file_blocks(fh)):
+                for w in validate(path, file_blocks(fh), settings.max_import_bytes,
+                                  settings.max_line_bytes):
                     print(f"gradwatch serve: warning: {w}", file=sys.stderr)
         except OSError as e:
             print(f"gradwatch serve: cannot import {path}: cannot open step log: "
@@ -183,7 +190,8 @@ def import_logs(settings: Settings, paths: Sequence[str]) -> int:
     store.start()
     try:
         for path in paths:
-            blocks = LogBlocks(path)
+            blocks = LogBlocks(path, max_bytes=settings.max_import_bytes,
+                               max_line=settings.max_line_bytes)
             run_id, n = None, 0
             try:
                 with open(path, "rb") as fh:

@@ -78,3 +78,13 @@ class NewerDatabase(Exception):
 class InvalidLog(Refused):
     """An imported step log with a line that is not a valid record (the reason names the
     line and the field)."""
+
+
+class LogTooBig(Refused):
+    """An imported step log over the size limit once inflated, or with a line over the line
+    limit (nothing stored)."""
+
+
+class RunLive(Refused):
+    """A delete of a run a keyed stream is still writing (its probe would lose the run to
+    whoever re-created it)."""

@@ -6,11 +6,18 @@ built here, off the writer thread). Memory holds one block of text and its recor
 however long the log. The rules are the step-log reader's: a header first and only
 first, every line a valid record (an error names the line and the field), a truncated
 *last* line tolerated with a warning (:mod:`gradwatch.logreader`'s rules, called here), a
-log starting with gzip's magic bytes read through gzip. Plain module: no FastAPI.
+log starting with gzip's magic bytes read through gzip.
+
+A gzip upload's limit counts compressed bytes, so the log's text is bounded too, once
+inflated: its size and the length of one line. Inflation hands on a block at a time, and
+blank lines are skipped at C speed (a regular expression steps over them), so
+a gzip of a gigabyte of newlines is refused in seconds, never held in memory. Plain module:
+no FastAPI.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
@@ -18,11 +25,20 @@ from typing import IO, Any
 from gradwatch.gcpause import gc_paused
 from gradwatch.logreader import EMPTY, GZIP_MAGIC, StepLogError, header_of, records_of
 from gradwatch.server.batch import Batch, batch_of_records
-from gradwatch.server.errors import InvalidLog
+from gradwatch.server.errors import InvalidLog, LogTooBig
 from gradwatch.wire import Header
 
 BLOCK_BYTES = 1 << 20
 """Text handed on at a time (a block ends at a line's end)."""
+
+MAX_LOG_BYTES = 512 << 20
+"""Default for the largest log text, inflated (``Settings.max_import_bytes``)."""
+MAX_LINE_BYTES = 16 << 20
+"""Default for the longest line (``Settings.max_line_bytes``): a streamed record is under
+1 MiB (a frame), a written one far less; a line is held whole while it is read."""
+
+_BLANKS = re.compile(rb"[ \t\r\n\x0b\x0c]*")
+"""What ``bytes.strip()`` strips: a run of it is blank lines (and a line's indent)."""
 
 
 class LogBlocks:
@@ -31,11 +47,18 @@ class LogBlocks:
     Args:
         name: what errors call the log (``upload``, a file's path).
         run: the run id to give the header (a free one); ``None``: the log's own.
+        max_bytes: the most bytes of text the log may hold, inflated.
+        max_line: the most bytes one line may hold.
     """
 
-    def __init__(self, name: str, run: str | None = None):
+    def __init__(self, name: str, run: str | None = None, max_bytes: int = MAX_LOG_BYTES,
+                 max_line: int = MAX_LINE_BYTES):
         self.name = name
         self.run = run
+        self.max_bytes = max_bytes
+        self.max_line = max_line
+        self.size = 0
+        """Bytes of text so far (inflated)."""
         self.header: Header | None = None
         self.warnings: list[str] = []
         self.lines = 0
@@ -46,6 +69,8 @@ class LogBlocks:
         """A ``zlib`` decompressor once the log is known to be gzip-compressed; False: plain."""
 
     def _plain(self, data: bytes) -> bytes:
+        """The text of ``data``; for a gzip log at most a block of it, the rest of the
+        input kept for :meth:`pieces` to drain."""
         if self._gunzip is None:
             self._start += data
             if len(self._start) < len(GZIP_MAGIC):
@@ -56,38 +81,82 @@ class LogBlocks:
         if self._gunzip is False:
             return data
         try:
-            return self._gunzip.decompress(data)
+            return self._gunzip.decompress(self._gunzip.unconsumed_tail + data, BLOCK_BYTES)
         except zlib.error as e:
             raise InvalidLog(f"{self.name}: the compressed log is corrupt ({e})") from None
 
+    def pieces(self, data: bytes) -> Iterator[list[tuple[int, bytes]]]:
+        """Take more bytes; the complete lines they end, a block of text at a time
+        (numbered, each with its newline; blank lines left out). An async caller yields to
+        its loop between pieces.
+
+        Raises:
+            LogTooBig: the text passes ``max_bytes``, or a line ``max_line``.
+            InvalidLog: a corrupt gzip stream.
+        """
+        while True:
+            yield self._lines(self._plain(data))
+            if not (self._gunzip and self._gunzip.unconsumed_tail):
+                return
+            data = b""  # what is left of it is the decompressor's unconsumed tail
+
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        """Take more bytes; the complete lines they end, numbered, each with its newline."""
-        data = self._plain(data) if data else b""
+        """:meth:`pieces`, every line at once."""
+        return [line for piece in self.pieces(data) for line in piece]
+
+    def _lines(self, data: bytes) -> list[tuple[int, bytes]]:
         if not data:
             return []
+        self.size += len(data)
+        if self.size > self.max_bytes:
+            raise LogTooBig(f"{self.name}: step log too big: over {self.max_bytes} bytes "
+                            f"of text (inflated); the server's --max-import-bytes sets the "
+                            f"limit")
         data = self._tail + data
         cut = data.rfind(b"\n")
         if cut < 0:
             self._tail = data
+            self._check_line(len(data), self.lines + 1)
             return []
         self._tail = data[cut + 1:]
         out = []
-        for raw in data[:cut].split(b"\n"):
-            self.lines += 1
-            if raw.strip():
-                out.append((self.lines, raw + b"\n"))
+        newlines = data.count(b"\n", 0, cut + 1)
+        n, counted, pos = self.lines, 0, 0
+        if newlines == cut + 1:  # nothing but newlines: no line to read
+            pos = cut
+        while pos < cut:
+            pos = _BLANKS.match(data, pos, cut).end()  # type: ignore[union-attr]
+            if pos >= cut:
+                break
+            start = data.rfind(b"\n", 0, pos) + 1
+            end = data.find(b"\n", pos)  # <= cut: data[cut] is a newline
+            n += data.count(b"\n", counted, start) + 1
+            counted = end + 1
+            self._check_line(end - start, n)
+            out.append((n, data[start:end + 1]))
+            pos = end + 1
+        self.lines += newlines
+        self._check_line(len(self._tail), self.lines + 1)
         return out
+
+    def _check_line(self, length: int, n: int) -> None:
+        if length > self.max_line:
+            raise LogTooBig(f"{self.name}: line {n} is longer than {self.max_line} bytes; "
+                            f"no step-log record is that long")
 
     def finish(self) -> list[tuple[int, bytes]]:
         """The last line, if it did not end with a newline (possibly truncated: it stays
         without one, which is how the step-log rules tell it)."""
+        out = []
         if self._gunzip is None and self._start:  # shorter than gzip's magic: plain
             self._gunzip, self._tail = False, self._tail + self._start
+        elif self._gunzip:
+            out = self._lines(self._gunzip.flush())  # what inflation still held
         tail, self._tail = self._tail, b""
         if not tail.strip():
-            return []
+            return out
         self.lines += 1
-        return [(self.lines, tail)]
+        return [*out, (self.lines, tail)]
 
     def parse(self, lines: list[tuple[int, bytes]]) -> list[Any]:
         """Validate numbered lines into records by the step-log reader's rules
@@ -152,13 +221,15 @@ def file_blocks(fh: IO[bytes], size: int = BLOCK_BYTES) -> Iterator[bytes]:
         yield chunk
 
 
-def validate(name: str, chunks: Iterable[bytes]) -> list[str]:
+def validate(name: str, chunks: Iterable[bytes], max_bytes: int = MAX_LOG_BYTES,
+             max_line: int = MAX_LINE_BYTES) -> list[str]:
     """Read a whole log through, storing nothing; its warnings.
 
     Raises:
         InvalidLog: the log is not valid (the error names the line and field).
+        LogTooBig: it passes ``max_bytes`` of text or has a line over ``max_line``.
     """
-    blocks = LogBlocks(name)
+    blocks = LogBlocks(name, max_bytes=max_bytes, max_line=max_line)
     for data in chunks:
         blocks.parse(blocks.feed(data))
     blocks.parse(blocks.finish())

@@ -133,7 +133,8 @@ class Runs:
             InvalidLog: a line is not a valid record (nothing stored).
             RunLimitReached, StoreBusy, StorageFailed: nothing was stored.
         """
-        blocks = LogBlocks(name)
+        blocks = LogBlocks(name, max_bytes=self.settings.max_import_bytes,
+                           max_line=self.settings.max_line_bytes)
         run_id: str | None = None
         steps = 0
         parsing: deque[asyncio.Future[Batch]] = deque()
@@ -167,9 +168,10 @@ class Runs:
 
         try:
             async for data in chunks:
-                lines = blocks.feed(data)
-                for i in range(0, len(lines), PARSE_LINES):
-                    await block(lines[i:i + PARSE_LINES])
+                for lines in blocks.pieces(data):
+                    for i in range(0, len(lines), PARSE_LINES):
+                        await block(lines[i:i + PARSE_LINES])
+                    await asyncio.sleep(0)  # a gzip chunk inflates to many blocks
             tail = blocks.finish()
             if tail:  # a possibly truncated last line: read here, where warnings are kept
                 if run_id is None:

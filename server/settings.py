@@ -40,7 +40,9 @@ class Settings:
         max_live_clients: concurrent ``/ws/live`` clients.
         live_backlog: step rows a live client may fall behind (past its queue) before it
             is dropped (1013); the dashboard reconnects and starts from a fresh snapshot.
-        max_import_bytes: largest step log accepted by ``POST /api/runs/import``.
+        max_import_bytes: largest step log accepted by ``POST /api/runs/import`` and
+            ``serve --import``, counted as uploaded and again as text once inflated (413).
+        max_line_bytes: longest line of an imported step log (413).
         keep_param_norms: keep the per-parameter norms of every N-th step of new runs (and
             of every step a plot must keep); 1: every step.
         interrupted_after: seconds after an ingest connection drops without End before
@@ -74,6 +76,7 @@ class Settings:
     max_live_clients: int = 200
     live_backlog: int = 100_000
     max_import_bytes: int = 512 << 20
+    max_line_bytes: int = 16 << 20
     keep_param_norms: int = 1
     interrupted_after: float = 10.0
     live_queue: int = 256

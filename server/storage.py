@@ -29,6 +29,7 @@ from gradwatch.server.errors import (
     InvalidStream,
     NameTaken,
     RunLimitReached,
+    RunLive,
     StorageFailed,
 )
 from gradwatch.server.migrate import open_current
@@ -226,10 +227,20 @@ class Store:
         return st.summary()
 
     def delete(self, run_id: str) -> bool:
-        """Delete a run and everything stored for it; ``False`` if there is none."""
+        """Delete a run and everything stored for it; ``False`` if there is none.
+
+        Raises:
+            RunLive: a keyed stream still writes the run (status ``live``). Deleted, its id
+                would be free for anyone to re-create under another key, and its own probe
+                refused (4403) from then on.
+            StorageFailed: the disk refused the write.
+        """
         st = self._state(run_id)
         if st is None:
             return False
+        if st.status == "live" and st.keys:
+            raise RunLive(f"run {run_id} is live: it can be deleted once it has ended (or "
+                          f"reads as interrupted, its stream gone)")
         try:
             self._conn.execute("BEGIN")
             db.delete_run(self._conn, st.rid)

@@ -87,6 +87,47 @@ def test_a_stranger_cannot_end_or_advance_a_streaming_run(tmp_path: Path) -> Non
     assert "Traceback" not in srv.log.read_text()  # refusals are answers, not crashes
 
 
+def _delete(srv: ServerProc, run: str) -> tuple[int, str]:
+    req = urllib.request.Request(f"{srv.http}/api/runs/{run}", method="DELETE")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, ""
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())["detail"]
+
+
+def test_a_live_keyed_run_cannot_be_deleted_and_re_created_by_a_stranger(
+        tmp_path: Path) -> None:
+    recs = synth.records("victim", steps=100)
+    log = tmp_path / "victim.jsonl"
+    log.write_text(synth.log_text(recs[:60]))
+    with ServerProc(tmp_path / "data") as srv:
+        s = streaming(srv, log, "victim")
+        wait(lambda: s.stats()["acked_seq"] == 59)
+        status, detail = _delete(srv, "victim")
+        assert status == 409 and detail == ("run victim is live: it can be deleted once it "
+                                            "has ended (or reads as interrupted, its stream "
+                                            "gone)")
+        # the stranger's re-creation under its own key finds the run still the probe's
+        stranger = [Hello(run="victim", key="s" * 32).model_dump_json(),
+                    synth.batches(recs[:5], run="victim")[0]]
+        code, reason = closed_with(srv.ws, stranger)
+        assert code == 4403 and "belongs to" in reason, (code, reason)
+        with log.open("a") as fh:
+            fh.write(synth.log_text(recs[60:]))
+        s.notify()
+        s.close(timeout=20)
+        assert s.stats()["disabled"] is None
+        assert srv.get("/api/runs/victim")["status"] == "finished"
+        assert _delete(srv, "victim") == (204, "")  # ended: the user may delete it
+        assert srv.get("/api/runs") == {"runs": []}
+        keyless = synth.records("open", steps=5, end=False)
+        with connect(f"{srv.ws}/ws/ingest", open_timeout=5) as ws:
+            ws.send(synth.batches(keyless, run="open")[0])
+            ws.recv(timeout=10)
+            assert _delete(srv, "open") == (204, "")  # a keyless live run: as before
+
+
 def test_replay_resume_proves_ownership_with_the_log_key(tmp_path: Path) -> None:
     recs = synth.records("resumed", steps=100)
     log = tmp_path / "run.jsonl"

@@ -53,7 +53,8 @@ def test_every_limit_has_a_flag_whose_default_is_the_settings_default(
              "max_header_bytes": "--max-header-bytes",
              "keep_alive_timeout": "--keep-alive-timeout",
              "ping_interval": "--ping-interval", "ping_timeout": "--ping-timeout",
-             "interrupted_after": "--interrupted-after"}
+             "interrupted_after": "--interrupted-after",
+             "max_import_bytes": "--max-import-bytes", "max_line_bytes": "--max-line-bytes"}
     data = ["--data", str(tmp_path)]
     default, _ = settings_from_args(data)
     assert default.allowed_hosts == () and default.allowed_origins == ()
