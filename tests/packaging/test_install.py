@@ -1,15 +1,18 @@
-"""The package as users install it: built from this checkout (sdist, then the wheel from the
-sdist), installed by pip into fresh virtual environments that have no torch.
+"""The package as users install it: the README's own Install lines, read from README.md and
+run as written (``bash -c``) in a fresh copy of this checkout, each into a fresh virtual
+environment that has no torch.
 
-``pip install gradwatch`` gives the probe's torch error, ``check`` and the install hints;
-``pip install 'gradwatch[server]'`` serves the dashboard and adds at most 50 MiB. pip's
-cache (warm after scripts/setup.sh) keeps the installs to seconds.
+``pip install .`` gives the probe's torch error, ``check`` and the install hints;
+``pip install '.[server]'`` serves the dashboard and adds at most 50 MiB; ``make dist``
+builds a wheel that installs the same way. pip's cache (warm after scripts/setup.sh) keeps
+the installs to seconds.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -27,11 +30,23 @@ from tests.serverproc import free_port
 
 from .vendor import BUNDLE, ROOT
 
-pytestmark = pytest.mark.slow
+# One worker builds and installs everything this module's tests share (xdist: loadgroup).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("packaging")]
 
 MiB = 1 << 20
 SERVER_EXTRA_BUDGET = 50 * MiB
 """Most a torch-free ``gradwatch[server]`` may add to a fresh virtual environment."""
+
+
+def install_blocks(readme: Path = ROOT / "README.md") -> list[list[str]]:
+    """The command lines of the bash blocks of the README's Install section, as written
+    (comments and blank lines left out)."""
+    text = readme.read_text()
+    section = text[text.index("\n## Install\n"):]
+    section = section[:section.index("\n## ", 1)]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    return [[line.split(" #", 1)[0].strip() for line in block.splitlines()
+             if line.strip() and not line.lstrip().startswith("#")] for block in blocks]
 
 
 @dataclass
@@ -39,7 +54,7 @@ class Dist:
     wheel: Path
     sdist: Path
     log: str
-    """Everything ``python -m build`` printed, the build backend's output included."""
+    """What ``python -m build`` printed (the build backend's output included)."""
 
 
 @dataclass
@@ -60,6 +75,18 @@ class Venv:
                               env=_clean_env(), timeout=timeout)
 
 
+def run_line(line: str, cwd: Path, venv: Venv | None = None) -> str:
+    """A README line as a user runs it: in a shell, with ``venv`` active; its output."""
+    env = _clean_env()
+    if venv is not None:
+        env["VIRTUAL_ENV"] = str(venv.root)
+        env["PATH"] = f"{venv.bin}{os.pathsep}{env.get('PATH', '')}"
+    r = subprocess.run(["bash", "-c", line], capture_output=True, text=True, cwd=cwd,
+                       env=env, timeout=600)
+    assert r.returncode == 0, f"README line {line!r} failed:\n{r.stdout}{r.stderr}"
+    return r.stdout + r.stderr
+
+
 def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     # Byte-compiling is a normal part of a build and an install; the suite's environment
@@ -68,14 +95,9 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _venv(path: Path, *requirements: str) -> Venv:
+def _venv(path: Path) -> Venv:
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=120)
-    venv = Venv(path)
-    if requirements:
-        r = venv.run("python", "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                     *requirements, cwd=path, timeout=600)
-        assert r.returncode == 0, r.stdout + r.stderr
-    return venv
+    return Venv(path)
 
 
 def _disk_bytes(root: Path) -> int:
@@ -92,13 +114,36 @@ def _disk_bytes(root: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
-    out = tmp_path_factory.mktemp("dist")
-    r = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
-                       capture_output=True, text=True, env=_clean_env(), timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return Dist(wheel=next(out.glob("gradwatch-*.whl")), sdist=next(out.glob("gradwatch-*.tar.gz")),
-                log=r.stdout + r.stderr)
+def readme_lines() -> tuple[list[str], list[str]]:
+    """``(from the checkout, from a wheel)``: the README's two Install blocks."""
+    blocks = install_blocks()
+    assert len(blocks) == 2 and len(blocks[0]) == 2 and len(blocks[1]) == 2, blocks
+    return blocks[0], blocks[1]
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh copy of this checkout's files (what a clone has), so builds write nothing
+    into the working tree."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                            "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    copy = tmp_path_factory.mktemp("clone") / "gradwatch"
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, copy / name)
+    return copy
+
+
+@pytest.fixture(scope="module")
+def dist(checkout: Path, readme_lines: tuple[list[str], list[str]]) -> Dist:
+    out = run_line(readme_lines[1][0], cwd=checkout)  # no venv active: make makes its own
+    built = checkout / "dist"
+    # What ``python -m build`` printed; make's venv set-up before it is pip's business.
+    log = out[out.index("* Creating"):]
+    return Dist(wheel=next(built.glob("gradwatch-*.whl")),
+                sdist=next(built.glob("gradwatch-*.tar.gz")), log=log)
 
 
 @pytest.fixture(scope="module")
@@ -107,13 +152,37 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Venv:
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory, dist: Dist) -> Venv:
-    return _venv(tmp_path_factory.mktemp("venv") / "base", str(dist.wheel))
+def base(tmp_path_factory: pytest.TempPathFactory, checkout: Path,
+         readme_lines: tuple[list[str], list[str]]) -> Venv:
+    venv = _venv(tmp_path_factory.mktemp("venv") / "base")
+    run_line(readme_lines[0][0], cwd=checkout, venv=venv)
+    return venv
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, dist: Dist) -> Venv:
-    return _venv(tmp_path_factory.mktemp("venv") / "server", f"{dist.wheel}[server]")
+def server(tmp_path_factory: pytest.TempPathFactory, checkout: Path,
+           readme_lines: tuple[list[str], list[str]]) -> Venv:
+    venv = _venv(tmp_path_factory.mktemp("venv") / "server")
+    run_line(readme_lines[0][1], cwd=checkout, venv=venv)
+    return venv
+
+
+@pytest.fixture(scope="module")
+def wheel_server(tmp_path_factory: pytest.TempPathFactory, checkout: Path, dist: Dist,
+                 readme_lines: tuple[list[str], list[str]]) -> Venv:
+    venv = _venv(tmp_path_factory.mktemp("venv") / "wheel")
+    run_line(readme_lines[1][1], cwd=checkout, venv=venv)
+    return venv
+
+
+def test_the_readme_installs_from_a_checkout_and_names_the_wheel_make_dist_builds(
+        readme_lines: tuple[list[str], list[str]], dist: Dist) -> None:
+    wheel_lines = readme_lines[1]
+    assert wheel_lines[1] == f"pip install 'dist/{dist.wheel.name}[server]'"
+    # A PyPI line may stay, in a paragraph that says it is for once gradwatch is published.
+    for paragraph in (ROOT / "README.md").read_text().split("\n\n"):
+        if re.search(r"pip install '?gradwatch\b", paragraph):
+            assert "published" in paragraph, paragraph
 
 
 def test_the_build_is_free_of_warnings_and_the_wheel_ships_the_dashboard(dist: Dist) -> None:
@@ -179,8 +248,10 @@ def test_the_base_install_checks_logs_and_names_what_it_lacks(
         assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("installed", ["server", "wheel_server"])
 def test_the_server_extra_serves_the_dashboard_without_torch(
-        server: Venv, tmp_path: Path) -> None:
+        installed: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    server: Venv = request.getfixturevalue(installed)
     r = server.run("python", "-c", "import importlib.util as u; "
                    "print(u.find_spec('torch'), u.find_spec('plotly'))", cwd=tmp_path)
     assert r.stdout.split() == ["None", "None"], r.stderr
