@@ -3,8 +3,9 @@
  * view and the player; owns follow-live, freeze and zoom state and keeps it in the URL.
  */
 
-import { downloadExport, fetchScalars } from "./api.js";
+import { downloadExport, fetchRun, fetchScalars } from "./api.js";
 import { MainChart } from "./charts.js";
+import { renderConfig } from "./config.js";
 import { downloadFigure, fileStem, runFigure } from "./exporting.js";
 import { count, setText } from "./format.js";
 import { Announcer, showToast } from "./notices.js";
@@ -80,6 +81,7 @@ export class RunView {
     for (const v of ["welcome", "compare", "missing"]) $(v).hidden = true;
     $("run").hidden = false;
     clearSummary(this.runId);
+    $("run-config").hidden = true;
     this.verdict.set([]);
     this.verdict.setSummary(null);
   }
@@ -127,6 +129,7 @@ export class RunView {
     this.setSummary(f.run);
     this.optimizers = f.optimizers || [];
     this.params.setRun(this.runId, this.optimizers, f.run && f.run.ranks);
+    this.showConfig();
     this.series = new Map();
     ingest(f.steps, this.series);
     renderSampling(f.steps);
@@ -158,9 +161,21 @@ export class RunView {
     if (added.size || created.length) this.chart.append(added, created);
   }
 
+  /** The command line (from the run's header, fetched once) and optimizer settings. */
+  showConfig() {
+    renderConfig(this.argv || null, this.optimizers);
+    if (this.argv !== undefined) return;
+    this.argv = null;
+    fetchRun(this.runId).then((run) => {
+      this.argv = (run.header && run.header.argv) || [];
+      renderConfig(this.argv, this.optimizers);
+    }).catch((e) => console.warn("gradwatch: the run's command line was not loaded", e));
+  }
+
   onOptimizer(view) {
     if (!view) return;
     this.optimizers = [...this.optimizers.filter((o) => !(o.opt === view.opt && o.rank === view.rank)), view];
+    this.showConfig();
     this.params.setRun(this.runId, this.optimizers, this.summary && this.summary.ranks);
     if (!this.params.data) this.params.refresh();
   }
