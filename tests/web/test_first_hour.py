@@ -166,6 +166,41 @@ async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines_and_reads_cl
     await wait_for(raw_again)
     assert "smooth=" not in page.url
 
+    # The x axis as time since the first step (each step record's time; these steps are
+    # 10 ms apart), then as the wall clock, read back from the drawn ‖grad‖ line; a zoom
+    # on the time axis is a window of steps (in the URL).
+    await page.locator("#sel-x").select_option("relative")
+
+    async def timed() -> list[Any] | None:
+        title = await page.evaluate(
+            "() => document.getElementById('chart')._fullLayout.xaxis.title.text")
+        norm = await page.evaluate(DRAWN_DATA, ["#chart", "xaxis", "yaxis"])
+        return norm if "time since" in title and norm[0]["points"] else None
+
+    norm = await wait_for(timed)
+    xs = [x for x, _ in norm[0]["points"]]
+    assert xs[0] == pytest.approx(0, abs=1e-3) and xs[-1] == pytest.approx(1.99, abs=1e-3)
+    assert all(abs(x * 100 - round(x * 100)) < 0.05 for x in xs)  # on the 10 ms grid
+    assert "x=relative" in page.url
+    await page.evaluate("""() => window.Plotly.relayout(document.getElementById('chart'),
+      {'xaxis.range': [0.5, 1.0], 'xaxis.autorange': false})""")
+    await wait_for(lambda: page.evaluate("() => location.search.includes('zoom=50,100')"))
+    await page.locator("#btn-reset").click()
+    await page.locator("#sel-x").select_option("wall")
+
+    async def walled() -> list[Any] | None:
+        kind = await page.evaluate(
+            "() => document.getElementById('chart')._fullLayout.xaxis.type")
+        norm = await page.evaluate(DRAWN_DATA, ["#chart", "xaxis", "yaxis"])
+        return norm if kind == "date" and norm[0]["points"] else None
+
+    norm = await wait_for(walled)
+    await page.screenshot(path=str(ARTIFACTS / "web-first-hour-wall-clock.png"))
+    shift = await page.evaluate("() => new Date(1700000000000).getTimezoneOffset() * 60000")
+    first = norm[0]["points"][0][0]
+    assert first == pytest.approx(1_700_000_000_000 - shift, abs=2)
+    await page.locator("#sel-x").select_option("step")
+
     for size in SIZES:
         await page.set_viewport_size(size)
         tag = f"{size['width']}x{size['height']}"

@@ -49,6 +49,8 @@ export class RunView {
     this.chart.logScale = initial.log;
     $("chk-log").checked = initial.log;
     this.chart.smoothing = initial.smooth || 0;
+    this.chart.xmode = initial.x || "step";
+    $("sel-x").value = this.chart.xmode;
     $("rng-smooth").value = String(this.chart.smoothing);
     setText("smooth-val", this.chart.smoothing.toFixed(2));
     this.verdict = new VerdictPanel($("findings"), (f) => this.pickFinding(f));
@@ -98,6 +100,10 @@ export class RunView {
     $("chk-log").addEventListener("change", (ev) => {
       this.chart.setLogScale(ev.target.checked);
       updateState({ log: ev.target.checked });
+    });
+    $("sel-x").addEventListener("change", (ev) => {
+      this.chart.setXMode(ev.target.value);
+      updateState({ x: ev.target.value === "step" ? null : ev.target.value });
     });
     $("rng-smooth").addEventListener("input", (ev) => {
       const w = Number(ev.target.value);
@@ -356,7 +362,7 @@ export class RunView {
  */
 function freshControls() {
   const ids = ["btn-follow", "btn-freeze", "btn-reset", "btn-png", "btn-csv", "btn-jsonl", "chk-log",
-    "rng-smooth", "run-tags", "run-notes-text",
+    "rng-smooth", "sel-x", "run-tags", "run-notes-text",
     "btn-play", "sel-speed", "slider", "sel-opt", "sel-rank", "sel-metric"];
   for (const id of ids) {
     const old = $(id);
