@@ -106,6 +106,8 @@ class OptimizerView(_Frame):
     groups: list[int]
     label: str | None = None
     """What the user calls it (``OptimizerInfo.label``); findings name it so."""
+    hparams: list[dict[str, Any]] = Field(default_factory=list)
+    """Each param group's settings (``OptimizerInfo.hparams``)."""
 
 
 class ResetCount(_Frame):

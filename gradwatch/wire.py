@@ -162,6 +162,11 @@ def param_names(names: Sequence[str], indices: Iterable[int]) -> list[str]:
     return [names[k] if k < len(names) else unnamed_param(k) for k in indices]
 
 
+HParam = bool | int | float | Annotated[str, Field(max_length=200)] | Annotated[
+    list[float], Field(max_length=16)] | None
+"""One param-group setting: a number, a flag, a short string or a few numbers (betas)."""
+
+
 class OptimizerInfo(_Record):
     """An optimizer the probe attached to, with its parameters in a fixed order.
 
@@ -180,6 +185,11 @@ class OptimizerInfo(_Record):
     label: str | None = Field(default=None, max_length=200)
     """What the user calls it, where the probe could see it (the variable holding it, as
     ``dec_opt``); findings show it instead of ``opt``, which stays the id in records."""
+    hparams: list[dict[Annotated[str, Field(max_length=64)], HParam]] = Field(
+        default_factory=list, max_length=10_000)
+    """Per param group, its settings when the optimizer was announced (``lr``,
+    ``momentum``, ``betas``, ``weight_decay``, ...): empty in logs from before they were
+    recorded. The learning rate of each step is :attr:`Step.lr`."""
     manual: bool = False
     """A virtual optimizer (``opt`` is ``"manual"``): parameters no optimizer holds, updated
     in place by hand (``p.data.add_(...)``, ``with torch.no_grad(): p -= lr * p.grad``). Each of

@@ -41,6 +41,7 @@ from gradwatch.probe.backwards import Backwards
 from gradwatch.probe.facts import JudgedStep, StepFacts
 from gradwatch.probe.handresets import ArmedBackward
 from gradwatch.probe.holding import Holdings
+from gradwatch.probe.hparams import group_hparams
 from gradwatch.probe.ledger import Ledger
 from gradwatch.probe.losses import Roots, learning_rates
 from gradwatch.probe.manual import ManualUpdates
@@ -191,6 +192,7 @@ class Tracker:
         self.emit(OptimizerInfo(seq=0, t=time.time(), opt=led.name, cls=type(led.opt).__name__,
                                 params=names, shapes=[list(p.shape) for p in led.params],
                                 groups=list(led.groups), label=self.labels.get(led),
+                                hparams=[] if manual else group_hparams(led.opt),
                                 manual=manual))
 
     def opt_add_param_group(self, opt: torch.optim.Optimizer) -> None:

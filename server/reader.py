@@ -108,7 +108,8 @@ class Reader:
             d = json.loads(body)
             out.append(OptimizerView(rank=rank, opt=d["opt"], cls=d.get("cls", ""),
                                      params=d.get("params", []), shapes=d.get("shapes", []),
-                                     groups=d.get("groups", []), label=d.get("label")))
+                                     groups=d.get("groups", []), label=d.get("label"),
+                                     hparams=d.get("hparams", [])))
         return out
 
     def findings(self, run_id: str) -> list[Finding] | None:

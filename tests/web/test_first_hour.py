@@ -64,9 +64,18 @@ LONG_NAMES = ["bert-base-finetune-squad-v2-lr3e-5-warmup0.1-seed42",
 SIZES = [{"width": 1280, "height": 720}, {"width": 1440, "height": 900}]
 
 
+ARGV = ["train.py", "--lr", "0.1", "--name", "my run"]
+HPARAMS = [{"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0001, "nesterov": True},
+           {"lr": 0.5, "betas": [0.8, 0.95], "foreach": None}]
+
+
 async def stored_run(server: ServerProc) -> None:
     sent = lossy(N)
-    await ingest(server.ws, "cold", [header("cold", "cold-start"), optimizer(), *sent,
+    head = header("cold", "cold-start")
+    head.argv = ARGV
+    opt = optimizer()
+    opt.hparams = HPARAMS
+    await ingest(server.ws, "cold", [head, opt, *sent,
                                      End(seq=sent[-1].seq + 1, t=sent[-1].t + 1, steps=N)])
     for k, name in enumerate(LONG_NAMES):
         few = steps(30, missed=(10, 20) if k else None)
@@ -94,6 +103,17 @@ async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines_and_reads_cl
     assert max(got["xy"]) >= N // 2, got
     assert got["xy3"] and max(got["xy3"]) >= N // 2, f"loss panel drawn empty: {got}"
     assert got["xy4"] and max(got["xy4"]) >= 10, f"lr panel drawn empty: {got}"
+
+    # The run's configuration: its command line, and each param group's settings.
+    await wait_for(lambda: page.locator("#run-command").text_content())
+    assert await page.locator("#run-command").text_content() == \
+        "train.py --lr 0.1 --name 'my run'"
+    await page.locator("#run-config summary").click()
+    groups = await page.locator("#run-hparams li").all_text_contents()
+    assert groups == [
+        "SGD#0 · SGD · group 0lr 0.1 · momentum 0.9 · weight_decay 0.0001 · nesterov True",
+        "SGD#0 · SGD · group 1lr 0.5 · betas (0.8, 0.95) · foreach None"], groups
+    await page.locator("#run-config summary").click()
 
     # The PNG export has the same lines (no empty band where the loss was), and its legend
     # lies between the subtitle and the plot, touching neither.
@@ -145,6 +165,41 @@ async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines_and_reads_cl
 
     await wait_for(raw_again)
     assert "smooth=" not in page.url
+
+    # The x axis as time since the first step (each step record's time; these steps are
+    # 10 ms apart), then as the wall clock, read back from the drawn ‖grad‖ line; a zoom
+    # on the time axis is a window of steps (in the URL).
+    await page.locator("#sel-x").select_option("relative")
+
+    async def timed() -> list[Any] | None:
+        title = await page.evaluate(
+            "() => document.getElementById('chart')._fullLayout.xaxis.title.text")
+        norm = await page.evaluate(DRAWN_DATA, ["#chart", "xaxis", "yaxis"])
+        return norm if "time since" in title and norm[0]["points"] else None
+
+    norm = await wait_for(timed)
+    xs = [x for x, _ in norm[0]["points"]]
+    assert xs[0] == pytest.approx(0, abs=1e-3) and xs[-1] == pytest.approx(1.99, abs=1e-3)
+    assert all(abs(x * 100 - round(x * 100)) < 0.05 for x in xs)  # on the 10 ms grid
+    assert "x=relative" in page.url
+    await page.evaluate("""() => window.Plotly.relayout(document.getElementById('chart'),
+      {'xaxis.range': [0.5, 1.0], 'xaxis.autorange': false})""")
+    await wait_for(lambda: page.evaluate("() => location.search.includes('zoom=50,100')"))
+    await page.locator("#btn-reset").click()
+    await page.locator("#sel-x").select_option("wall")
+
+    async def walled() -> list[Any] | None:
+        kind = await page.evaluate(
+            "() => document.getElementById('chart')._fullLayout.xaxis.type")
+        norm = await page.evaluate(DRAWN_DATA, ["#chart", "xaxis", "yaxis"])
+        return norm if kind == "date" and norm[0]["points"] else None
+
+    norm = await wait_for(walled)
+    await page.screenshot(path=str(ARTIFACTS / "web-first-hour-wall-clock.png"))
+    shift = await page.evaluate("() => new Date(1700000000000).getTimezoneOffset() * 60000")
+    first = norm[0]["points"][0][0]
+    assert first == pytest.approx(1_700_000_000_000 - shift, abs=2)
+    await page.locator("#sel-x").select_option("step")
 
     for size in SIZES:
         await page.set_viewport_size(size)
@@ -213,6 +268,10 @@ async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines_and_reads_cl
         head = json.loads(r.readline())
     assert head["type"] == "header" and head["tags"] == ["baseline", "warm-up"]
     assert head["notes"] == "warm-up too short?\nloss flat after 150"
+    assert head["argv"] == ARGV  # and the configuration
+    with urllib.request.urlopen(f"{server.http}/api/runs/cold/export?format=jsonl") as r:
+        (opt,) = [d for d in map(json.loads, r) if d["type"] == "optimizer"]
+    assert opt["hparams"] == HPARAMS
     await page.screenshot(path=str(ARTIFACTS / "web-first-hour-notes.png"))
     assert page.errors == []
 

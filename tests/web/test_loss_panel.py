@@ -68,8 +68,10 @@ async def test_the_loss_of_a_zero_code_run_is_drawn_beside_the_drift(
     assert acc["name"] == "acc" and acc["x"] == want["acc_step"]
     assert acc["y"] == pytest.approx(want["acc"])
     shown = await page.evaluate(AXES)
+    # the smoothed lines are drawn only while the smoothing slider is above 0
     assert shown == {"norm": True, "fresh_norm": True, "drift": True, "stale": True,
-                     "loss": True, "lr": True, "scalar": True}
+                     "loss": True, "lr": True, "scalar": True, "norm_smooth": False,
+                     "loss_smooth": False}
     legend = await page.locator("#legend").text_content()
     assert "loss" in legend and "acc" in legend
     assert page.errors == []

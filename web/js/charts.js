@@ -16,6 +16,7 @@ import { loadPlotly, whenPlotly } from "./loadplotly.js";
 import { PANELS, axisId, panelIndex, panelTraces, shownPanels, traceValues } from "./panels.js";
 import { drawPreview } from "./preview.js";
 import { compact } from "./series.js";
+import { XAxis } from "./xaxis.js";
 
 /** Rows per series above which live data is compacted (to half of it). */
 const LIVE_CAP = 4000;
@@ -51,6 +52,43 @@ export class MainChart extends LiveFigure {
     this.shown = PANELS.map((p) => !p.optional); // panels drawn (shownPanels)
     this.scalars = new Map(); // logged name -> {x: steps, y: values}, in step order
     this.smoothing = 0; // EMA weight of the smoothed lines (smoothing.js); 0: raw only
+    this.xmode = "step"; // what the x axis counts (xaxis.js); ranges stay in steps
+    this.xaxis = new XAxis("step", []);
+  }
+
+  /** Count the x axis in steps, time since the first step or wall-clock time; redraw. */
+  setXMode(mode) {
+    if (mode === this.xmode) return Promise.resolve();
+    this.xmode = mode;
+    return this.ready ? this.redraw() : Promise.resolve();
+  }
+
+  toX(range) {
+    return this.xaxis.toX(range);
+  }
+
+  fromX(range) {
+    // A date axis reports its window as "YYYY-MM-DD hh:mm:ss.sss" (our shifted UTC).
+    return range && this.xaxis.fromX(range.map((v) => (typeof v === "string"
+      ? Date.parse(`${v.replace(" ", "T")}Z`) : Number(v))));
+  }
+
+  /** The finding bands and the cursor, on the x axis as it counts now. */
+  xShapes() {
+    const xa = this.xaxis;
+    const bands = xa.isStep ? this.bands
+      : this.bands.map((b) => ({ ...b, x0: xa.ofStep(b.x0), x1: xa.ofStep(b.x1) }));
+    return chartShapes(bands, this.cursor === null ? null : xa.ofStep(this.cursor));
+  }
+
+  /** Event points of series `s` (rows [from, to)) into `pts`, on the x axis as it counts. */
+  events(s, from, to, pts, pos) {
+    const lens = pts.map((p) => p.x.length);
+    eventPoints(s, from, to, pts, pos);
+    if (this.xaxis.isStep) return;
+    pts.forEach((p, k) => {
+      for (let j = lens[k]; j < p.x.length; j++) p.x[j] = this.xaxis.ofStep(p.x[j], s);
+    });
   }
 
   /** Smooth the ‖grad‖ and loss lines with EMA weight `w` (0: off) and redraw. */
@@ -85,7 +123,7 @@ export class MainChart extends LiveFigure {
       const steps = [...byStep.keys()].sort((a, b) => a - b);
       out.push({
         type: "scatter", mode: "lines+markers", xaxis: "x", yaxis: axis, name: plotText(name),
-        x: steps, y: steps.map((st) => plottable(byStep.get(st))),
+        x: steps.map((st) => this.xaxis.ofStep(st)), y: steps.map((st) => plottable(byStep.get(st))),
         meta: { scalar: name }, marker: { size: 4 },
         line: { color: PALETTE[(k++ + 3) % PALETTE.length], width: 1.4 },
         hovertemplate: `${plotText(name)} %{y:.4g}<extra></extra>`,
@@ -132,7 +170,8 @@ export class MainChart extends LiveFigure {
     const layout = chartLayout({ logScale: this.logScale, range, shapes: [], rows: this.rows,
       height: this.gd.clientHeight, shown: this.shown });
     this.bands = findingShapes(this.findingList, layout, this.activeKey, this.keyOf);
-    layout.shapes = chartShapes(this.bands, this.cursor);
+    this.xaxis.style(layout);
+    layout.shapes = this.xShapes();
     this.lastLayout = layout;
     return layout;
   }
@@ -149,12 +188,15 @@ export class MainChart extends LiveFigure {
   seriesTraces(s) {
     const color = this.colorOf(s.key);
     const name = plotText(this.labelText(s));
-    return panelTraces(s, (spec) => ({
+    const xs = this.xaxis.isStep ? null : this.xaxis.rowsX(s);
+    const traces = panelTraces(s, (spec) => ({
       name: `${name} ${spec.label}`, legendgroup: s.key,
       meta: { opt: s.opt, rank: s.rank, field: spec.field },
       line: { color, width: spec.width, dash: spec.dash || "solid" },
       opacity: spec.opacity || 1, hovertemplate: `${spec.hover}<extra>%{fullData.name}</extra>`,
     }), null, this.shown, this.smoothing);
+    if (xs) for (const t of traces) t.x = xs.slice();
+    return traces;
   }
 
   /** Row positions on the strip. */
@@ -167,9 +209,10 @@ export class MainChart extends LiveFigure {
     // first, and a trace of a panel not yet known to be shown is made invisible (a stored
     // run opened cold drew its loss and lr panels empty).
     this.shown = shownPanels(this.series.values(), this.scalars.size);
+    this.xaxis = new XAxis(this.xmode, this.series.values());
     const pts = emptyPoints();
     const pos = this.rowPos();
-    for (const s of this.series.values()) eventPoints(s, 0, s.length, pts, pos);
+    for (const s of this.series.values()) this.events(s, 0, s.length, pts, pos);
     const strip = axisId(PANELS.length);
     const out = [
       ...EVENT_ROWS.map(([key, name, color, hover], k) => ({
@@ -210,7 +253,7 @@ export class MainChart extends LiveFigure {
       const at = this.order.indexOf(key);
       const s = this.series.get(key);
       if (at < 0 || !s || from >= s.length) continue;
-      const x = s.step.slice(from);
+      const x = this.xaxis.rowsX(s, from);
       let i = N_FIXED + at * PER_SERIES;
       let appears = false; // a value for a panel not shown yet (the first loss of a run)
       PANELS.forEach((panel, p) => {
@@ -223,7 +266,7 @@ export class MainChart extends LiveFigure {
         }
       });
       if (appears) return true;
-      eventPoints(s, from, s.length, pts, pos);
+      this.events(s, from, s.length, pts, pos);
       if (s.length > LIVE_CAP) tooBig = true;
     }
     if (pts.missing.size) {
@@ -280,7 +323,7 @@ export class MainChart extends LiveFigure {
   async redrawShapes() {
     if (!this.ready) return;
     await this.ready;
-    await window.Plotly.relayout(this.gd, { shapes: chartShapes(this.bands, this.cursor) });
+    await window.Plotly.relayout(this.gd, { shapes: this.xShapes() });
   }
 
   destroy() {

@@ -51,7 +51,7 @@ export class LiveFigure {
     const data = this.buildTraces();
     for (const i of this.hidden) if (data[i]) data[i].visible = false;
     const layout = this.buildLayout(range);
-    applyFit(layout, fitY(data, range, this.logScale));
+    applyFit(layout, fitY(data, this.toX(range), this.logScale));
     if (!this.ready) {
       this.ready = Plotly.newPlot(this.gd, data, layout, chartConfig());
       await this.ready;
@@ -66,6 +66,16 @@ export class LiveFigure {
   }
 
   afterDraw() {}
+
+  /** A step window as x-axis values (a subclass whose x axis is not steps maps it). */
+  toX(range) {
+    return range;
+  }
+
+  /** An x-axis window (from a relayout event) as steps. */
+  fromX(range) {
+    return range && range.map(Number);
+  }
 
   /** Redraw when the graph div's height changes (a resized window): how many tick labels a
    * panel has room for is set from its height in pixels (layout.js). */
@@ -142,7 +152,8 @@ export class LiveFigure {
   async refit() {
     if (!this.ready) return;
     await this.ready;
-    const update = fitUpdate(this.gd.layout, fitY(this.gd.data, this.range, this.logScale));
+    const update = fitUpdate(this.gd.layout,
+      fitY(this.gd.data, this.toX(this.range), this.logScale));
     if (update) await window.Plotly.relayout(this.gd, update);
   }
 
@@ -173,7 +184,7 @@ export class LiveFigure {
   async zoomTo(a, b) {
     const Plotly = await whenPlotly();
     await this.ready;
-    await Plotly.relayout(this.gd, { "xaxis.range": [a, b], "xaxis.autorange": false });
+    await Plotly.relayout(this.gd, { "xaxis.range": this.toX([a, b]), "xaxis.autorange": false });
   }
 
   /** Show the whole run (fires the same path as a double-click). */
@@ -191,7 +202,7 @@ export class LiveFigure {
       lo = Math.min(lo, t.x[0]);
       hi = Math.max(hi, t.x[t.x.length - 1]);
     }
-    return lo <= hi ? [lo, hi] : null;
+    return lo <= hi ? this.fromX([lo, hi]) : null;
   }
 
   /**
@@ -205,7 +216,7 @@ export class LiveFigure {
       range = null;
     } else if ("xaxis.range[0]" in ev || "xaxis.range" in ev) {
       const r = ev["xaxis.range"] || [ev["xaxis.range[0]"], ev["xaxis.range[1]"]];
-      range = [Number(r[0]), Number(r[1])];
+      range = this.fromX([r[0], r[1]]);
     } else {
       return;
     }

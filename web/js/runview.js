@@ -3,8 +3,9 @@
  * view and the player; owns follow-live, freeze and zoom state and keeps it in the URL.
  */
 
-import { downloadExport, fetchScalars } from "./api.js";
+import { downloadExport, fetchRun, fetchScalars } from "./api.js";
 import { MainChart } from "./charts.js";
+import { renderConfig } from "./config.js";
 import { downloadFigure, fileStem, runFigure } from "./exporting.js";
 import { count, setText } from "./format.js";
 import { Announcer, showToast } from "./notices.js";
@@ -48,6 +49,8 @@ export class RunView {
     this.chart.logScale = initial.log;
     $("chk-log").checked = initial.log;
     this.chart.smoothing = initial.smooth || 0;
+    this.chart.xmode = initial.x || "step";
+    $("sel-x").value = this.chart.xmode;
     $("rng-smooth").value = String(this.chart.smoothing);
     setText("smooth-val", this.chart.smoothing.toFixed(2));
     this.verdict = new VerdictPanel($("findings"), (f) => this.pickFinding(f));
@@ -80,6 +83,7 @@ export class RunView {
     for (const v of ["welcome", "compare", "missing"]) $(v).hidden = true;
     $("run").hidden = false;
     clearSummary(this.runId);
+    $("run-config").hidden = true;
     this.verdict.set([]);
     this.verdict.setSummary(null);
   }
@@ -96,6 +100,10 @@ export class RunView {
     $("chk-log").addEventListener("change", (ev) => {
       this.chart.setLogScale(ev.target.checked);
       updateState({ log: ev.target.checked });
+    });
+    $("sel-x").addEventListener("change", (ev) => {
+      this.chart.setXMode(ev.target.value);
+      updateState({ x: ev.target.value === "step" ? null : ev.target.value });
     });
     $("rng-smooth").addEventListener("input", (ev) => {
       const w = Number(ev.target.value);
@@ -127,6 +135,7 @@ export class RunView {
     this.setSummary(f.run);
     this.optimizers = f.optimizers || [];
     this.params.setRun(this.runId, this.optimizers, f.run && f.run.ranks);
+    this.showConfig();
     this.series = new Map();
     ingest(f.steps, this.series);
     renderSampling(f.steps);
@@ -158,9 +167,21 @@ export class RunView {
     if (added.size || created.length) this.chart.append(added, created);
   }
 
+  /** The command line (from the run's header, fetched once) and optimizer settings. */
+  showConfig() {
+    renderConfig(this.argv || null, this.optimizers);
+    if (this.argv !== undefined) return;
+    this.argv = null;
+    fetchRun(this.runId).then((run) => {
+      this.argv = (run.header && run.header.argv) || [];
+      renderConfig(this.argv, this.optimizers);
+    }).catch((e) => console.warn("gradwatch: the run's command line was not loaded", e));
+  }
+
   onOptimizer(view) {
     if (!view) return;
     this.optimizers = [...this.optimizers.filter((o) => !(o.opt === view.opt && o.rank === view.rank)), view];
+    this.showConfig();
     this.params.setRun(this.runId, this.optimizers, this.summary && this.summary.ranks);
     if (!this.params.data) this.params.refresh();
   }
@@ -341,7 +362,7 @@ export class RunView {
  */
 function freshControls() {
   const ids = ["btn-follow", "btn-freeze", "btn-reset", "btn-png", "btn-csv", "btn-jsonl", "chk-log",
-    "rng-smooth", "run-tags", "run-notes-text",
+    "rng-smooth", "sel-x", "run-tags", "run-notes-text",
     "btn-play", "sel-speed", "slider", "sel-opt", "sel-rank", "sel-metric"];
   for (const id of ids) {
     const old = $(id);

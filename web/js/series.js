@@ -21,7 +21,7 @@ export const VALUE_COLUMNS = {
 };
 
 const COLUMNS = [
-  "step", ...Object.keys(VALUE_COLUMNS), "stale", "leaked", "late", "discarded", "skipped",
+  "step", "t", ...Object.keys(VALUE_COLUMNS), "stale", "leaked", "late", "discarded", "skipped",
   "resets", "keep",
 ];
 
@@ -114,6 +114,7 @@ export function ingest(ss, into) {
     if (step <= s.lastStep) continue;
     if (!added.has(key)) added.set(key, { series: s, from: s.length });
     s.step.push(step);
+    s.t.push(ss.t && Number.isFinite(ss.t[i]) ? ss.t[i] : (s.t.length ? s.t[s.t.length - 1] : 0));
     for (const [col, wire] of Object.entries(VALUE_COLUMNS)) {
       let v = ss[wire] ? ss[wire][i] : null;
       if (Array.isArray(v)) v = v.length ? v[0] : null; // lr: the first param group's
