@@ -50,6 +50,14 @@ export class MainChart extends LiveFigure {
     this.colors = new Map(); // series key -> colour, kept for the life of the view
     this.shown = PANELS.map((p) => !p.optional); // panels drawn (shownPanels)
     this.scalars = new Map(); // logged name -> {x: steps, y: values}, in step order
+    this.optName = null; // the run's one optimizer as findings name it (the resets row)
+  }
+
+  /** Name the resets row after the run's optimizer (null: several, or none known). */
+  setOptName(name) {
+    if (name === this.optName) return;
+    this.optName = name;
+    if (this.ready) this.redraw();
   }
 
   /**
@@ -123,7 +131,7 @@ export class MainChart extends LiveFigure {
   buildLayout(range) {
     this.shown = shownPanels(this.series.values(), this.scalars.size);
     const layout = chartLayout({ logScale: this.logScale, range, shapes: [], rows: this.rows,
-      height: this.gd.clientHeight, shown: this.shown });
+      height: this.gd.clientHeight, shown: this.shown, optName: this.optName });
     this.bands = findingShapes(this.findingList, layout, this.activeKey, this.keyOf);
     layout.shapes = chartShapes(this.bands, this.cursor);
     this.lastLayout = layout;

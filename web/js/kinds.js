@@ -62,7 +62,10 @@ export const RESET_KINDS = {
 };
 
 /** Label of a reset kind ("opt.zero_grad()"); an unknown kind reads as sent. */
-export function resetLabel(how) {
+export function resetLabel(how, optName = null) {
+  // optimizer.zero_grad() resets are named after the run's one optimizer as its findings
+  // name it ("d_opt.zero_grad()")
+  if (how === "optimizer_zero_grad" && optName) return `${optName}.zero_grad()`;
   return RESET_KINDS[how] ? RESET_KINDS[how].label : String(how);
 }
 
