@@ -71,17 +71,17 @@ export function resetLabel(how, optName = null) {
 
 /** Per finding kind, the role of the line to change first (gradwatch.locations). */
 const PRIMARY_ROLE = {
-  late_reset: "reset",
-  missed_reset: "step",
-  discarded_accumulation: "reset",
-  cross_optimizer_leak: "backward",
+  late_reset: ["reset"],
+  missed_reset: ["reset", "backward"],
+  discarded_accumulation: ["reset"],
+  cross_optimizer_leak: ["backward"],
 };
 const FALLBACK_ORDER = ["step", "reset", "backward"];
 
 /** The `where` entry a finding points at, or null when it has none. */
 export function primaryWhere(f) {
   const where = f.where || [];
-  const roles = PRIMARY_ROLE[f.kind] ? [PRIMARY_ROLE[f.kind]] : [];
+  const roles = PRIMARY_ROLE[f.kind] || [];
   for (const role of [...roles, ...FALLBACK_ORDER]) {
     const w = where.find((x) => x.role === role);
     if (w) return w;
