@@ -9,7 +9,9 @@ edit first:
 kind                        primary    why
 ==========================  =========  ============================================
 ``late_reset``              reset      the misplaced reset is the line to move
-``missed_reset``            step       the step re-applied old gradients
+``missed_reset``            reset,     the reset in the wrong place (once per
+                            backward   epoch) is the line to move; without one, the
+                                       reset goes before the loop's backward
 ``discarded_accumulation``  reset      the reset threw the window's gradients away
 ``cross_optimizer_leak``    backward   the backward whose gradients leaked: clear
                                        before it, or keep it off these parameters
@@ -26,11 +28,11 @@ from collections.abc import Sequence
 
 from gradwatch.wire import Finding, Where
 
-PRIMARY_ROLE = {
-    "late_reset": "reset",
-    "missed_reset": "step",
-    "discarded_accumulation": "reset",
-    "cross_optimizer_leak": "backward",
+PRIMARY_ROLE: dict[str, tuple[str, ...]] = {
+    "late_reset": ("reset",),
+    "missed_reset": ("reset", "backward"),
+    "discarded_accumulation": ("reset",),
+    "cross_optimizer_leak": ("backward",),
 }
 _FALLBACK_ORDER = ("step", "reset", "backward")
 
@@ -45,8 +47,7 @@ RESET_CALLS = {
 
 def primary(f: Finding) -> Where | None:
     """The line a finding points at (see the table above), or None without ``where``."""
-    roles = (PRIMARY_ROLE[f.kind],) if f.kind in PRIMARY_ROLE else ()
-    for role in (*roles, *_FALLBACK_ORDER):
+    for role in (*PRIMARY_ROLE.get(f.kind, ()), *_FALLBACK_ORDER):
         for w in f.where:
             if w.role == role:
                 return w
@@ -99,6 +100,11 @@ def located_fix(kind: str, opt: str, where: Sequence[Where],
         after = f" (or after {step} at {at(s)})" if s else ""
         return (f"Move {reset} at {at(r)} before loss.backward() at {at(b)}{after}: a "
                 f"reset between backward() and step() throws the fresh gradient away.")
+    if kind == "missed_reset" and r and b:
+        after = f" (or right after {step} at {at(s)})" if s else ""
+        return (f"Move {opt}.zero_grad() at {at(r)} into the loop, right before "
+                f"loss.backward() at {at(b)}{after}: it runs less often than {step}, so "
+                f"the steps between its calls apply old gradients again.")
     if kind == "missed_reset" and (b or s):
         before = f"before loss.backward() at {at(b)}" if b else "before each loss.backward()"
         after = f" (or right after {step} at {at(s)})" if s else ""

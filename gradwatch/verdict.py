@@ -9,8 +9,9 @@ verdict can never disagree.
 
 Each finding names the lines involved (``where``), from the ``Site`` records its steps refer
 to, the line to change first: ``late_reset`` the reset, then the backward and the step;
-``missed_reset`` the step, then the loop's own backward and the backwards whose gradients
-it re-applied;
+``missed_reset`` the reset in the wrong place if there is one (``zero_grad()`` once per
+epoch), the loop's own backward and the backwards whose gradients it re-applied, then the
+step;
 ``discarded_accumulation`` the reset that threw contributions away;
 ``cross_optimizer_leak`` the backward whose contributions leaked, then the step.
 """
@@ -302,9 +303,11 @@ def _places(kind: str, s: Step) -> list[tuple[str, int]]:
                 + [("backward", b) for b in (sites.lost if sites else ())] + step)
     if kind == "discarded_accumulation":
         return [("reset", r.site) for r in s.resets if r.discarded and r.site]
-    if kind == "missed_reset":  # the loop's own backward first, then where the old came from
-        return step + [("backward", b) for b in (
-            [*sites.fresh, *sites.stale] if sites else ())]
+    if kind == "missed_reset":  # the reset in the wrong place first, else the loop's own
+        # backward (the reset goes before it), then where the old came from, then the step
+        reset = [("reset", sites.reset)] if sites is not None and sites.reset else []
+        return reset + [("backward", b) for b in (
+            [*sites.fresh, *sites.stale] if sites else ())] + step
     return [("backward", b) for b in (sites.leaked if sites else ())] + step
 
 

@@ -245,6 +245,10 @@ class StepSites(_Model):
     fresh: list[SiteId] = Field(default_factory=list, max_length=64)
     """Backward calls whose contributions the step read fresh (the loop's own backward: a
     missed reset's fix goes before it)."""
+    reset: SiteId | None = None
+    """A step that re-applied old gradients: the call that last reset its optimizer's
+    parameters, a reset in the wrong place (``zero_grad()`` once per epoch); None when
+    none was seen or it was written by hand."""
 
 
 class Step(_Record):

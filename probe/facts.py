@@ -119,6 +119,8 @@ class SiteFacts:
     """Backwards whose contributions a reset threw away (late or discarded)."""
     fresh: AbstractSet[int] = frozenset()
     """Backwards whose contributions the step read fresh."""
+    reset: int = 0
+    """A step that re-applied old gradients: where its parameters were last reset."""
 
 
 @dataclass(slots=True)

@@ -66,7 +66,7 @@ class Ledger:
     """Everything the probe counts for one optimizer, and the methods that count it."""
 
     __slots__ = ("opt", "uid", "name", "params", "groups", "backwards", "contents", "norms",
-                 "step", "tally", "in_step", "deliberate", "reader")
+                 "step", "tally", "in_step", "deliberate", "reader", "reset_site")
 
     def __init__(self, opt: torch.optim.Optimizer, name: str, params: list[torch.Tensor],
                  groups: list[int], backwards: Backwards, norms_every: int) -> None:
@@ -89,6 +89,10 @@ class Ledger:
         self.tally = StepTally()
         self.in_step = False
         """Inside a closure step (the step post-hook ends it)."""
+        self.reset_site = 0
+        """Where this optimizer's parameters were last reset by a call (0: never, or by
+        hand): a step that re-applies old gradients names it, the reset in the wrong place
+        (``zero_grad()`` once per epoch)."""
 
     @property
     def incoming(self) -> Hits:
@@ -116,6 +120,7 @@ class Ledger:
         self.norms.reset()
         self.contents.reset_all("optimizer_zero_grad", site)
         self.backwards.disarm(self)
+        self.reset_site = site
 
     def after_module_zero_grad(self, ks: Sequence[int], site: int = 0,
                                how: str = "module_zero_grad") -> None:
@@ -124,6 +129,8 @@ class Ledger:
         if self.contents.reset_some(ks, how, site):
             self.norms.reset()
             self.backwards.disarm(self)
+        if site:
+            self.reset_site = site
 
     def phase_began(self) -> None:
         """The first backward after a step (any optimizer's) starts."""
@@ -267,7 +274,8 @@ class Ledger:
             facts.sites = SiteFacts(0, tally.stale_sites,
                                     {s for b in tally.leaked_bws if (s := site_of(b))},
                                     {s for b in lost_bws if (s := site_of(b))},
-                                    {s for b in tally.bws if (s := site_of(b))})
+                                    {s for b in tally.bws if (s := site_of(b))},
+                                    self.reset_site if tally.stale else 0)
         return facts
 
     def _fresh_params(self) -> set[int]:

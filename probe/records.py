@@ -180,7 +180,7 @@ def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: S
             "step": sites.step or None, "stale": sorted(sites.stale)[:_MAX_SITES],
             "leaked": sorted(sites.leaked)[:_MAX_SITES],
             "lost": sorted(sites.lost)[:_MAX_SITES],
-            "fresh": sorted(sites.fresh)[:_MAX_SITES]}),
+            "fresh": sorted(sites.fresh)[:_MAX_SITES], "reset": sites.reset or None}),
         "loss": root_loss, "lr": lr})
 
 

@@ -64,12 +64,19 @@ def test_the_fix_names_the_lines(late: list[Where]) -> None:
     assert located_fix("missed_reset", "opt", []) is None
 
 
-@pytest.mark.parametrize(("kind", "role"), [("late_reset", "reset"), ("missed_reset", "step"),
+@pytest.mark.parametrize(("kind", "role"), [("late_reset", "reset"), ("missed_reset", "reset"),
                                             ("discarded_accumulation", "reset"),
                                             ("cross_optimizer_leak", "backward")])
 def test_each_kind_points_at_its_primary_line(late: list[Where], kind: str, role: str) -> None:
     w = primary(_finding(kind, late))
     assert w is not None and w.role == role
+
+
+def test_a_missed_reset_without_a_reset_points_at_the_backward_the_reset_goes_before(
+        late: list[Where]) -> None:
+    loop = [w for w in late if w.role != "reset"]  # step, then backward: the order matters not
+    w = primary(_finding("missed_reset", sorted(loop, key=lambda x: x.role != "step")))
+    assert w is not None and w.role == "backward"
 
 
 def test_text_output_shows_the_lines_and_their_code(late: list[Where]) -> None:

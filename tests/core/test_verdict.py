@@ -99,8 +99,9 @@ def _site(seq: int, sid: int, line: int, function: str = "train") -> Site:
 
 def test_findings_name_their_lines_from_the_site_records() -> None:
     """Each kind resolves the site ids of its steps into ``where``, the line to change
-    first: late_reset the reset, then backward and step; missed_reset the step, then the
-    backwards; discarded_accumulation the reset; cross_optimizer_leak backward, then step."""
+    first: late_reset the reset, then backward and step; missed_reset the reset in the
+    wrong place, the backwards, then the step; discarded_accumulation the reset;
+    cross_optimizer_leak backward, then step."""
     recs: list[Any] = [
         optimizer("D"), optimizer("G", seq=2),
         _site(3, 1, 11), _site(4, 2, 12), _site(5, 3, 13), _site(6, 4, 20, "gan"),
@@ -114,7 +115,8 @@ def test_findings_name_their_lines_from_the_site_records() -> None:
              resets=[Reset(how="optimizer_zero_grad", discarded=3, site=2),
                      Reset(how="module_zero_grad", site=99)],
              sites=StepSites(lost=[1])),
-        step(10, 2, opt="G", stale=2, stale_params=[0], sites=StepSites(step=3, stale=[1])),
+        step(10, 2, opt="G", stale=2, stale_params=[0],
+             sites=StepSites(step=3, stale=[1], reset=2)),
         step(11, 3, opt="G", stale=2, stale_params=[0], sites=StepSites(step=3, stale=[1])),
     ]
     found = {f.kind: [(w.role, w.line, w.function) for w in f.where]
@@ -124,7 +126,9 @@ def test_findings_name_their_lines_from_the_site_records() -> None:
         "late_reset": [("reset", 12, "train"), ("backward", 11, "train"),
                        ("step", 13, "train")],
         "discarded_accumulation": [("reset", 12, "train")],
-        "missed_reset": [("step", 13, "train"), ("backward", 11, "train")],  # once each
+        # the reset in the wrong place first, then the backward, then the step; once each
+        "missed_reset": [("reset", 12, "train"), ("backward", 11, "train"),
+                         ("step", 13, "train")],
     }
 
 

@@ -86,3 +86,12 @@ class Gan(LightningModule):
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         return [torch.optim.Adam(self.generator.parameters(), lr=1e-3),
                 torch.optim.Adam(self.discriminator.parameters(), lr=1e-3)]
+
+
+class NoReset(Regressor):
+    """Automatic optimization with an ``optimizer_zero_grad`` override that does nothing:
+    Lightning never clears the gradients."""
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int,
+                            optimizer: torch.optim.Optimizer) -> None:
+        pass

@@ -84,15 +84,32 @@ def test_accumulation_clipping_and_the_trainers_zero_grad_are_clean(tmp_path: Pa
                    for s in steps)
 
 
-def test_zero_grad_between_backward_and_step_is_a_late_reset(tmp_path: Path) -> None:
+class _MyTrainer(Trainer):
+    """A Trainer subclass with its own loss: its lines stand for the Trainer's calls."""
+
+    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
+
+def test_zero_grad_between_backward_and_step_is_a_late_reset(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "hf.jsonl"
-    t = Trainer(model=tiny_gpt2(), train_dataset=Tokens(n=16),
-                args=args(tmp_path / "out", gradient_accumulation_steps=2),
-                callbacks=[GradwatchCallback(log=log), _ZeroGradBeforeStep()])
+    t = _MyTrainer(model=tiny_gpt2(), train_dataset=Tokens(n=16),
+                   args=args(tmp_path / "out", gradient_accumulation_steps=2),
+                   callbacks=[GradwatchCallback(log=log), _ZeroGradBeforeStep()])
     t.train()
     v = judged(log)
     assert kinds(v) == {("late_reset", "self.optimizer")}
     late = v.findings()[0]
+    # the lines are the user's: the callback's reset, and the subclass's compute_loss for
+    # the backward and the step the Trainer makes; never accelerate's or transformers'
+    assert [(w.role, w.function) for w in late.where] == [
+        ("reset", "_ZeroGradBeforeStep.on_pre_optimizer_step"),
+        ("backward", "_MyTrainer.compute_loss"), ("step", "_MyTrainer.compute_loss")]
+    assert all(w.file == __file__ for w in late.where)
+    assert "site-packages" not in late.fix
+    assert "gradwatch: 4 optimizer steps, 1 finding: late_reset on self.optimizer" in \
+        capfd.readouterr().err
     assert late.first_step == 0 and late.steps == t.state.global_step == 4
     assert any(p.startswith("transformer.h.0.") for p in late.params)  # the model's names
 

@@ -20,7 +20,13 @@ from gradwatch.lightning import GradwatchCallback  # noqa: E402
 from gradwatch.steplog import read_log  # noqa: E402
 from gradwatch.wire import End, Header, OptimizerInfo, Scalars, Step  # noqa: E402
 from tests.integrations.conftest import judged, kinds  # noqa: E402
-from tests.integrations.lit_models import Gan, Regressor, noise_data, regression_data  # noqa: E402
+from tests.integrations.lit_models import (  # noqa: E402
+    Gan,
+    NoReset,
+    Regressor,
+    noise_data,
+    regression_data,
+)
 
 
 def trainer(tmp_path: Path, cb: GradwatchCallback, **kw: Any) -> Trainer:
@@ -33,7 +39,7 @@ def trainer(tmp_path: Path, cb: GradwatchCallback, **kw: Any) -> Trainer:
 
 
 def test_automatic_optimization_with_accumulation_and_clipping_is_clean(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "run.jsonl"
     cb = GradwatchCallback(log=log)
     t = trainer(tmp_path, cb, accumulate_grad_batches=4, gradient_clip_val=0.5, max_epochs=2)
@@ -52,6 +58,24 @@ def test_automatic_optimization_with_accumulation_and_clipping_is_clean(
                for s in steps), [(s.loss, s.lr) for s in steps]
     logged = [r for r in read_log(log).records if isinstance(r, Scalars)]
     assert logged and all("train_loss" in r.values for r in logged)
+    # the verdict, on a line of its own at the end of fit, whatever logging is set to
+    assert (f"\ngradwatch: 8 optimizer steps, no gradient-reset bug found (step log: {log})\n"
+            in "\n" + capfd.readouterr().err)
+
+
+def test_an_empty_zero_grad_hook_is_found_at_the_modules_lines(tmp_path: Path) -> None:
+    """Lightning makes backward, step and zero_grad itself: the finding names the optimizer
+    as the module's hooks reach it and names the module's training_step, never a line of
+    Lightning's."""
+    log = tmp_path / "noreset.jsonl"
+    trainer(tmp_path, GradwatchCallback(log=log), max_steps=4).fit(NoReset(),
+                                                                  regression_data())
+    (f,) = judged(log).findings()
+    assert (f.kind, f.optimizer) == ("missed_reset", "self.optimizers()")
+    assert f.where, f
+    assert all(w.file.endswith("lit_models.py") and w.function.endswith("training_step")
+               for w in f.where), f.where
+    assert "site-packages" not in f.fix and "lightning" not in f.fix, f.fix
 
 
 def test_manual_optimization_gan_is_clean_and_its_optimizers_are_named(

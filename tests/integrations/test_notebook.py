@@ -133,3 +133,23 @@ def test_without_log_the_step_log_is_named_after_the_run(
     run(shell, "%gradwatch off", capsys)
     (log,) = tmp_path.glob("gradwatch-*.jsonl")
     assert log.name == f"gradwatch-{judged(log).summary()['run']}.jsonl"
+
+
+def test_a_notebook_run_by_a_kernel_names_the_optimizer_and_the_cells(tmp_path: Path) -> None:
+    """A real notebook, executed cell by cell by an IPython kernel (nbclient): the broken
+    cell's finding names ``opt`` and the cell's lines as IPython's tracebacks do."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    cells = ["%load_ext gradwatch", f"%gradwatch on --log {tmp_path / 'nb.jsonl'}", SETUP,
+             BROKEN]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    out = "".join(o.get("text", "") for o in nb.cells[3].outputs)
+    assert "missed_reset on opt, from step 1 (4 steps)" in out, out
+    count = nb.cells[3].execution_count
+    assert re.search(rf"fix: Call opt\.zero_grad\(\) before loss\.backward\(\) at "
+                     rf"Cell In\[{count}\], line 2 \(or right after opt\.step\(\) at "
+                     rf"Cell In\[{count}\], line 3\)", out), out
+    assert "ipykernel_" not in out

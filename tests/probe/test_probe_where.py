@@ -43,10 +43,12 @@ BUGS = textwrap.dedent('''
             opt.step()  # late_reset:step
 
     def missed(m, opt):
-        for i in range(4):
-            loss = loss_of(m, i)
-            loss.backward()  # missed_reset:backward
-            opt.step()  # missed_reset:step
+        for epoch in range(2):
+            opt.zero_grad()  # missed_reset:reset
+            for i in range(3):
+                loss = loss_of(m, i)
+                loss.backward()  # missed_reset:backward
+                opt.step()  # missed_reset:step
 
     def discarded(m, opt):
         for i in range(8):
@@ -130,10 +132,10 @@ def test_each_kind_names_its_lines(tmp_path: Path, mode: str) -> None:
                  "discarded_accumulation": "discarded", "cross_optimizer_leak": "leaky"}
     for kind, f in found.items():
         want = marks[kind]
-        if kind == "late_reset":  # the reset first, then the backward and the step
+        if kind in ("late_reset", "missed_reset"):
+            # the reset first (late: between backward and step; missed: once per epoch),
+            # then the backward and the step
             want = sorted(want, key=lambda m: ["reset", "backward", "step"].index(m[0]))
-        elif kind == "missed_reset":
-            want = sorted(want, key=lambda m: ["step", "backward"].index(m[0]))
         elif kind == "cross_optimizer_leak":
             want = sorted(want, key=lambda m: ["backward", "step"].index(m[0]))
         assert [(w["role"], w["line"]) for w in f["where"]] == want, (kind, f["where"])
@@ -213,8 +215,8 @@ def test_framework_frames(tmp_path: Path) -> None:
                     ("step", "train.py", user["fit"])]
     missed = [(w["role"], Path(w["file"]).name, w["line"], w["function"])
               for w in found["missed_reset"]["where"]]
-    assert missed == [("step", "train.py", user["step"], "<module>"),
-                      ("backward", "train.py", user["backward"], "<module>")]
+    assert missed == [("backward", "train.py", user["backward"], "<module>"),
+                      ("step", "train.py", user["step"], "<module>")]
 
 
 def test_accelerate_helpers_count_as_the_users_call(tmp_path: Path) -> None:
@@ -236,8 +238,8 @@ def test_accelerate_helpers_count_as_the_users_call(tmp_path: Path) -> None:
     (f,) = verdict_of([log.header, *log.records]).findings()
     assert f.kind == "missed_reset"
     assert [(w.role, w.line, Path(w.file).name) for w in f.where] == [
-        ("step", lines["step"], "test_probe_where.py"),
-        ("backward", lines["backward"], "test_probe_where.py")]
+        ("backward", lines["backward"], "test_probe_where.py"),
+        ("step", lines["step"], "test_probe_where.py")]
 
 
 def test_clean_steps_carry_no_sites(watched: Any) -> None:

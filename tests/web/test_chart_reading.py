@@ -109,13 +109,18 @@ async def _autorange(page: Page) -> bool:
 
 async def test_a_reset_kind_has_one_name_everywhere(server: ServerProc, page: Page) -> None:
     sent = steps(40, missed=(20, 30))
-    await ingest(server.ws, "names", finished("names", "names", sent))
+    recs = finished("names", "names", sent)
+    recs[1].label = "model_opt"  # what the user's code calls the optimizer
+    await ingest(server.ws, "names", recs)
     await page.goto(f"{server.http}/?run=names")
     await page.locator("#slider:enabled").wait_for()
     ticks = await page.evaluate(STRIP_TICKS)
-    assert ticks == ["stale grads", "opt.zero_grad()"]  # only the rows this run has
+    # only the rows this run has; the resets named as the findings name the optimizer
+    assert ticks == ["stale grads", "model_opt.zero_grad()"]
+    (f,) = server.get("/api/runs/names/findings")["findings"]
+    assert f["optimizer"] == "model_opt"
     await page.locator("#slider").fill("5")
-    assert (await page.locator("#readout").text_content()).endswith("· opt.zero_grad()")
+    assert (await page.locator("#readout").text_content()).endswith("· model_opt.zero_grad()")
     # Each label fits its margin: none is cut off by the plot's left edge.
     strip = await page.evaluate(STRIP_ID)  # the axis under every panel: "y6"
     labels = await page.evaluate(f"""Array.from(document.querySelectorAll(

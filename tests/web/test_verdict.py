@@ -43,9 +43,9 @@ async def test_the_verdict_and_each_fix_with_its_line_show_without_scrolling(
                 ".finding .fix"):
         await in_view(page, sel)
     cards = page.locator(".finding")
-    # The line to change first: the step that re-applied old gradients (missed), the reset
-    # that came between backward and step (late).
-    assert await cards.locator(".at").all_text_contents() == ["train.py:42", "train.py:44"]
+    # The line to change first: the backward the missing reset goes before (missed), the
+    # reset that came between backward and step (late).
+    assert await cards.locator(".at").all_text_contents() == ["train.py:40", "train.py:44"]
     assert await cards.locator(".kind").all_text_contents() == ["missed reset", "late reset"]
     for card, f in zip(await cards.all(), want, strict=True):
         text = await card.text_content()
@@ -54,7 +54,7 @@ async def test_the_verdict_and_each_fix_with_its_line_show_without_scrolling(
     # The rest of the lines, and the full paths, open with the details.
     await cards.first.locator("button.more").click()
     where = await cards.first.locator(".where-list li").all_text_contents()
-    assert where[0].startswith(f"{FILE}:42") and any(f"{FILE}:40" in w for w in where)
+    assert where[0].startswith(f"{FILE}:40") and any(f"{FILE}:42" in w for w in where)
     await page.screenshot(path=str(ARTIFACTS / f"web-verdict-{size[0]}x{size[1]}.png"))
     assert page.errors == []
 
@@ -87,7 +87,7 @@ async def test_a_finding_that_arrives_live_is_announced_clear_of_the_facts_then_
         await notice.wait_for(timeout=15_000)
         text = await notice.text_content()
         assert "New finding: missed reset" in text and "SGD#0" in text
-        assert "from step 71" in text and "train.py:42" in text
+        assert "from step 71" in text and "train.py:40" in text  # the line to change
         # Clear of what the user reads about the run: its name, facts and verdict.
         for size in ({"width": 1440, "height": 900}, {"width": 1280, "height": 720}):
             await page.set_viewport_size(size)

@@ -54,6 +54,7 @@ export class MainChart extends LiveFigure {
     this.smoothing = 0; // EMA weight of the smoothed lines (smoothing.js); 0: raw only
     this.xmode = "step"; // what the x axis counts (xaxis.js); ranges stay in steps
     this.xaxis = new XAxis("step", []);
+    this.optName = null; // the run's one optimizer as findings name it (the resets row)
   }
 
   /** Count the x axis in steps, time since the first step or wall-clock time; redraw. */
@@ -96,6 +97,13 @@ export class MainChart extends LiveFigure {
     if (w === this.smoothing) return Promise.resolve();
     this.smoothing = w;
     return this.ready ? this.redraw() : Promise.resolve();
+  }
+
+  /** Name the resets row after the run's optimizer (null: several, or none known). */
+  setOptName(name) {
+    if (name === this.optName) return;
+    this.optName = name;
+    if (this.ready) this.redraw();
   }
 
   /**
@@ -168,7 +176,7 @@ export class MainChart extends LiveFigure {
 
   buildLayout(range) {
     const layout = chartLayout({ logScale: this.logScale, range, shapes: [], rows: this.rows,
-      height: this.gd.clientHeight, shown: this.shown });
+      height: this.gd.clientHeight, shown: this.shown, optName: this.optName });
     this.bands = findingShapes(this.findingList, layout, this.activeKey, this.keyOf);
     this.xaxis.style(layout);
     layout.shapes = this.xShapes();

@@ -62,23 +62,26 @@ export const RESET_KINDS = {
 };
 
 /** Label of a reset kind ("opt.zero_grad()"); an unknown kind reads as sent. */
-export function resetLabel(how) {
+export function resetLabel(how, optName = null) {
+  // optimizer.zero_grad() resets are named after the run's one optimizer as its findings
+  // name it ("d_opt.zero_grad()")
+  if (how === "optimizer_zero_grad" && optName) return `${optName}.zero_grad()`;
   return RESET_KINDS[how] ? RESET_KINDS[how].label : String(how);
 }
 
 /** Per finding kind, the role of the line to change first (gradwatch.locations). */
 const PRIMARY_ROLE = {
-  late_reset: "reset",
-  missed_reset: "step",
-  discarded_accumulation: "reset",
-  cross_optimizer_leak: "backward",
+  late_reset: ["reset"],
+  missed_reset: ["reset", "backward"],
+  discarded_accumulation: ["reset"],
+  cross_optimizer_leak: ["backward"],
 };
 const FALLBACK_ORDER = ["step", "reset", "backward"];
 
 /** The `where` entry a finding points at, or null when it has none. */
 export function primaryWhere(f) {
   const where = f.where || [];
-  const roles = PRIMARY_ROLE[f.kind] ? [PRIMARY_ROLE[f.kind]] : [];
+  const roles = PRIMARY_ROLE[f.kind] || [];
   for (const role of [...roles, ...FALLBACK_ORDER]) {
     const w = where.find((x) => x.role === role);
     if (w) return w;

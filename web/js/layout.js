@@ -5,6 +5,7 @@
  */
 
 import { EVENT_ROWS, ROW_INDEX } from "./events.js";
+import { RESET_KINDS, resetLabel } from "./kinds.js";
 import { findingKind } from "./kinds.js";
 import { PANELS, axisId, axisKey, panelDomains, panelIndex } from "./panels.js";
 
@@ -18,6 +19,8 @@ const MARGIN_T = 10, MARGIN_B = 40;
 
 /** Left margin of the run chart: the strip's labels ("model.zero_grad()") fit in it. */
 export const STRIP_MARGIN = 124;
+/** The most the margin grows for a long optimizer name in the strip's reset row. */
+const STRIP_MARGIN_MAX = 300;
 
 export function css(name, fallback) {
   const v = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
@@ -90,18 +93,24 @@ function base(logScale, below, margin, shown = null, height = 0) {
  * of `rows` (the kinds of event the run has).
  *
  * @param {{logScale: boolean, range: number[]|null, shapes: object[], rows: string[],
- *   height: number}} opts height: the graph div's height in pixels
+ *   height: number, optName: string|null}} opts height: the graph div's height in pixels;
+ *   optName: the run's one optimizer as its findings name it, which its resets row names
  */
-export function chartLayout({ logScale, range, shapes, rows, height, shown = null }) {
+export function chartLayout({ logScale, range, shapes, rows, height, shown = null,
+  optName = null }) {
   const n = Math.max(1, rows.length);
   const below = stripFraction(n, height);
-  const { layout, axis, muted } = base(logScale, below, STRIP_MARGIN, shown, height);
+  const ticktext = rows.map((key) => (key in RESET_KINDS ? resetLabel(key, optName)
+    : EVENT_ROWS[ROW_INDEX.get(key)][1]));
+  // a reset row named after the optimizer ("encoder_opt.zero_grad()") may need more room
+  const longest = Math.max(0, ...ticktext.map((t) => t.length));
+  const margin = Math.min(STRIP_MARGIN_MAX, Math.max(STRIP_MARGIN, Math.ceil(longest * 7.3) + 4));
+  const { layout, axis, muted } = base(logScale, below, margin, shown, height);
   const strip = axisKey(PANELS.length);
   layout.xaxis.anchor = axisId(PANELS.length);
   layout[strip] = {
     ...axis, domain: [0, below], fixedrange: true, showgrid: false, zeroline: false,
-    range: [n - 0.5, -0.5], tickmode: "array", tickvals: rows.map((_, k) => k),
-    ticktext: rows.map((key) => EVENT_ROWS[ROW_INDEX.get(key)][1]),
+    range: [n - 0.5, -0.5], tickmode: "array", tickvals: rows.map((_, k) => k), ticktext,
     tickfont: { color: muted, size: 11 }, automargin: false,
   };
   layout.shapes = shapes;

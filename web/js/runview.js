@@ -136,6 +136,7 @@ export class RunView {
     this.optimizers = f.optimizers || [];
     this.params.setRun(this.runId, this.optimizers, f.run && f.run.ranks);
     this.showConfig();
+    this.chart.optName = oneName(this.optimizers);
     this.series = new Map();
     ingest(f.steps, this.series);
     renderSampling(f.steps);
@@ -184,6 +185,7 @@ export class RunView {
     this.showConfig();
     this.params.setRun(this.runId, this.optimizers, this.summary && this.summary.ranks);
     if (!this.params.data) this.params.refresh();
+    this.chart.setOptName(oneName(this.optimizers));
   }
 
   setFindings(findings) {
@@ -295,13 +297,13 @@ export class RunView {
   updatePlayer() {
     if (this.player.setupFor(this.series, this.live, this.range) && this.cursorNext === null &&
         !this.cursorBusy) {
-      setText("readout", readoutText(this.series, Number($("slider").value)));
+      setText("readout", readoutText(this.series, Number($("slider").value), this.chart.optName));
     }
   }
 
   /** Cursor and readout at a step (coalesced: at most one redraw in flight). */
   async showStep(step) {
-    setText("readout", readoutText(this.series, step));
+    setText("readout", readoutText(this.series, step, this.chart.optName));
     if (!this.live) this.player.place(step);
     this.cursorNext = step;
     if (this.cursorBusy) return;
@@ -370,4 +372,14 @@ function freshControls() {
   }
   const thead = $("params-table").tHead;
   thead.replaceWith(thead.cloneNode(true));
+}
+
+/**
+ * The name findings give the run's one optimizer (its label, else its id: "d_opt",
+ * "Adam#0"), for the resets row; null when the run has several (or none). The virtual
+ * optimizer of updates by hand makes no optimizer.zero_grad() reset and is left out.
+ */
+function oneName(optimizers) {
+  const names = new Set(optimizers.filter((o) => o.opt !== "manual").map((o) => o.label || o.opt));
+  return names.size === 1 ? [...names][0] : null;
 }

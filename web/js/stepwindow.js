@@ -45,9 +45,10 @@ export async function loadWindow(runId, range, current, points) {
 
 /**
  * "step 150 · Adam#0: ‖grad‖ 3.2 fresh 0.41 drift 7.8 stale 6 · no reset" for every
- * series; a series whose nearest loaded row is another step says which.
+ * series; a series whose nearest loaded row is another step says which. `optName`: the
+ * run's one optimizer as findings name it, which its zero_grad() resets are named after.
  */
-export function readoutText(series, step) {
+export function readoutText(series, step, optName = null) {
   const parts = [`step ${count(step)}`];
   for (const s of series.values()) {
     const i = s.nearest(step);
@@ -56,7 +57,7 @@ export function readoutText(series, step) {
     const at = s.step[i] === step ? "" : `(nearest row: step ${count(s.step[i])}) `;
     const facts = [["stale", s.stale[i]], ["leaked", s.leaked[i]], ["late", s.late[i]],
       ["discarded", s.discarded[i]]].filter(([, n]) => n > 0).map(([k, n]) => ` ${k} ${n}`);
-    const resets = (s.resets[i] || []).map((r) => resetLabel(r.how)).join(" + ") || "no reset";
+    const resets = (s.resets[i] || []).map((r) => resetLabel(r.how, optName)).join(" + ") || "no reset";
     parts.push(`${label}${at}‖grad‖ ${fmt(s.norm[i])} fresh ${fmt(s.fresh[i])} ` +
       `drift ${fmt(s.drift[i])}${facts.join("")}${s.skipped[i] ? " skipped" : ""} · ${resets}`);
   }
