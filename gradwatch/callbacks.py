@@ -80,7 +80,12 @@ class CallbackSession:
         handle.close(status=status)
         findings = handle.findings()
         where = f" (step log: {handle.path})" if handle.path else ""
-        if findings:
+        stopped = handle.stopped()
+        if stopped:  # judged in part: never "no bug found"
+            log.warning("gradwatch: %d optimizer steps judged, %d finding%s; %s%s",
+                        handle.tracker.steps, len(findings), "s" * (len(findings) != 1),
+                        stopped, where)
+        elif findings:
             kinds = ", ".join(sorted({f"{f.kind} on {f.optimizer}" for f in findings}))
             log.warning("gradwatch: %d optimizer steps, %d finding%s: %s%s",
                         handle.tracker.steps, len(findings), "s" * (len(findings) != 1),

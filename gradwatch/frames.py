@@ -89,6 +89,10 @@ class RunSummary(_Frame):
     optimizers: list[str]
     dropped: int
     torch_version: str
+    stopped: str | None = None
+    """Where judging stopped, in a process whose probe turned itself off
+    (:meth:`gradwatch.verdict.Verdict.stopped_text`); None: nowhere. Such a run is never
+    shown clean."""
 
 
 class OptimizerView(_Frame):

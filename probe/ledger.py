@@ -89,6 +89,9 @@ class Ledger:
         self.tally = StepTally()
         self.in_step = False
         """Inside a closure step (the step post-hook ends it)."""
+        # Armed until its first reset or step: a hand-written reset (``p.grad = None``)
+        # before the first step is told from an accumulation like any later one.
+        backwards.arm(self)
 
     @property
     def incoming(self) -> Hits:

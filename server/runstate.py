@@ -66,7 +66,8 @@ class RunState:
             id=self.id, name=self.name, status=self.status, started=self.started,
             updated=self.updated, steps=self.steps, findings=len(self.finding_keys),
             ranks=sorted(self.ranks), optimizers=list(self.optimizers),
-            dropped=sum(self.dropped.values()), torch_version=self.torch_version)
+            dropped=sum(self.dropped.values()), torch_version=self.torch_version,
+            stopped=self.verdict.stopped_text())
 
     def final_status(self) -> RunStatus | None:
         """The run's end status once every rank has sent its End, else ``None``."""

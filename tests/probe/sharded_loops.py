@@ -63,12 +63,19 @@ SCENARIOS: dict[str, list[Scenario]] = {
         Scenario("late_adam", opt="adam", bug="late"),
         Scenario("discarded_sgd", opt="sgd", bug="discarded", reset="module"),
     ],
+    # DDP, for the resets by hand before the first step (flagged from step 0, as on one
+    # process)
+    "ddp": [
+        Scenario("clean_ddp", opt="sgd"),
+        Scenario("late_none_ddp", opt="sgd", bug="late", reset="none"),
+        Scenario("discarded_none_ddp", opt="sgd", bug="discarded", reset="none"),
+    ],
 }
 
 
 def scenarios() -> list[tuple[str, Scenario]]:
     """Every ``(mode, scenario)``, in the order the script runs them."""
-    return [(mode, sc) for mode in ("fsdp", "tp") for sc in SCENARIOS[mode]]
+    return [(mode, sc) for mode in ("fsdp", "tp", "ddp") for sc in SCENARIOS[mode]]
 
 
 def _model() -> torch.nn.Sequential:
@@ -122,7 +129,8 @@ def _sync(model: torch.nn.Module, on: bool) -> None:
 def run(mode: str, sc: Scenario, rank: int) -> dict[str, Any]:
     """Train one scenario; its final local parameters and losses."""
     torch.manual_seed(0)
-    model = _fsdp(sc) if mode == "fsdp" else _tp(sc)
+    model = (_fsdp(sc) if mode == "fsdp" else _tp(sc) if mode == "tp"
+             else torch.nn.parallel.DistributedDataParallel(_model()))
     params = list(model.parameters())
     opt: torch.optim.Optimizer
     if sc.opt == "sgd":
@@ -131,8 +139,8 @@ def run(mode: str, sc: Scenario, rank: int) -> dict[str, Any]:
         opt = torch.optim.Adam(params, lr=0.01)
     else:
         opt = torch.optim.AdamW(params, lr=0.01)
-    # FSDP2: each rank its own data; TP: the same data on both (the inputs are replicated)
-    gen = torch.Generator().manual_seed(rank if mode == "fsdp" else 0)
+    # FSDP2, DDP: each rank its own data; TP: the same data on both (replicated inputs)
+    gen = torch.Generator().manual_seed(0 if mode == "tp" else rank)
     losses, norms = [], []
     for i in range(STEPS):
         if not sc.bug.startswith(("late", "discarded")) and not (
@@ -152,14 +160,18 @@ def run(mode: str, sc: Scenario, rank: int) -> dict[str, Any]:
             _reset(sc, model, opt)
         norms.append(_local_norm(params))
         opt.step()
-    local = [p.to_local().detach().clone() for p in model.parameters()]
+    local = [_local(p).detach().clone() for p in model.parameters()]
     return {"params": local, "losses": losses, "norms": norms}
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _local_norm(params: list[torch.Tensor]) -> float | None:
     """The norm of this rank's shards of the gradients, the slow obvious way."""
     with torch.no_grad():
-        sq = [float(torch.linalg.vector_norm(p.grad.to_local().double())) ** 2
+        sq = [float(torch.linalg.vector_norm(_local(p.grad).double())) ** 2
               for p in params if p.grad is not None]
     return sum(sq) ** 0.5 if sq else None
 
