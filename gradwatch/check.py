@@ -47,7 +47,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         logs = open_run(paths)
         try:
-            j = verdict_of_logs(logs)  # streams each log: no log is held whole
+            j = verdict_of_logs(logs, combine=True)  # streams each log: none held whole
         finally:
             for log in logs:
                 log.close()
@@ -104,6 +104,14 @@ def _text(paths: list[str], logs: list[LogReader], j: Verdict,
     stopped = j.stopped_text()
     if stopped:
         out.append(stopped)
+    model = s["model_norms"]
+    if model and model["last"]:  # a sharded run: the model's norms, not one rank's shard
+        last = model["last"]
+        drift = "unknown" if last["drift"] is None else f"{last['drift']:.4g}"
+        most = "" if model["max_drift"] is None else f"; largest drift {model['max_drift']:.4g}"
+        out.append(f"model gradient norms, {model['ranks']} ranks combined by placement "
+                   f"({model['steps']} steps): at step {last['step']} of {last['opt']} "
+                   f"||grad|| {last['norm']:.6g}, drift {drift}{most}")
     elif s["status"] in ("failed", "interrupted"):
         out.append(f"note: the run ended {s['status']}; judged the steps it made")
     with_workers = {st["rank"] for st in s["streams"] if st["worker"] is not None}

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from gradwatch.fixes import explain, fix_of
 from gradwatch.lifecycle import Lifecycle
+from gradwatch.shardnorms import ModelNorms
 from gradwatch.wire import (
     End,
     Finding,
@@ -115,7 +116,11 @@ class Verdict:
     at any time.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, combine: bool = False) -> None:
+        """``combine``: also combine a sharded run's norms across its ranks
+        (:class:`~gradwatch.shardnorms.ModelNorms`; every step of every rank must be fed)."""
+        self._combine = combine
+        self._model: ModelNorms | None = None
         self._params: dict[tuple[Stream, str], list[str]] = {}
         self._labels: dict[tuple[Stream, str], str] = {}
         self._sites: dict[tuple[Stream, int], Site] = {}
@@ -140,6 +145,11 @@ class Verdict:
         if isinstance(record, Header):
             self._header = self._header or record
         elif isinstance(record, OptimizerInfo):
+            if record.placements and self._combine and worker is None:
+                if self._model is None:
+                    world = self._header.world_size if self._header else rank + 1
+                    self._model = ModelNorms(world)
+                self._model.feed(record, rank)
             self._params[(stream, record.opt)] = record.params
             if record.label:
                 self._labels[(stream, record.opt)] = record.label
@@ -163,6 +173,8 @@ class Verdict:
         elif isinstance(record, Step):
             state.steps += 1
             state.last = (record.opt, record.step)
+            if self._model is not None and worker is None:
+                self._model.feed(record, rank)
             return self._feed_step(record, stream)
         return []
 
@@ -320,6 +332,7 @@ class Verdict:
             "status": status,
             "nothing_judged": self.nothing_judged(),
             "stopped": self.stopped(),
+            "model_norms": self._model.summary() if self._model is not None else None,
             "streams": [{"rank": r, "worker": w, "steps": st.steps, "status": st.status,
                          "exit_code": st.exit_code}
                         for (r, w), st in sorted(self._streams.items(),
@@ -359,11 +372,12 @@ def verdict_of(records: Iterable[Any]) -> Verdict:
     return j
 
 
-def verdict_of_logs(logs: Iterable[StepLog | LogReader]) -> Verdict:
+def verdict_of_logs(logs: Iterable[StepLog | LogReader], combine: bool = False) -> Verdict:
     """The verdict of the step logs of one run's streams together (see
     :func:`gradwatch.steplog.open_run`), each stream tagged by its header's rank and
-    worker; a :class:`~gradwatch.steplog.LogReader` is read through once."""
-    j = Verdict()
+    worker; a :class:`~gradwatch.steplog.LogReader` is read through once. ``combine``: the
+    model's norms of a sharded run too (``summary()["model_norms"]``)."""
+    j = Verdict(combine)
     for log in logs:
         h = log.header
         j.feed(h, h.rank, h.worker)

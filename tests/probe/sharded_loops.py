@@ -4,8 +4,9 @@
 Each scenario (FSDP2's ``fully_shard``, then tensor parallel) builds its own model and
 optimizer (the k-th optimizer of the step log is the k-th scenario of :func:`scenarios`),
 trains :data:`STEPS` steps of :data:`MICRO` micro-batches, and the script saves, per rank,
-every scenario's final local parameters, losses and the norm of the local gradients each
-step read (a plain loop of ``vector_norm``), and the RNG state at the end
+every scenario's final local parameters, losses, the norm of the local gradients each step
+read and of the whole model's (gathered), each a plain loop of ``vector_norm``, and the RNG
+state at the end
 (``OUT/rank<r>.pt``): the differential test compares them with and without the probe, bit
 for bit.
 
@@ -141,7 +142,7 @@ def run(mode: str, sc: Scenario, rank: int) -> dict[str, Any]:
         opt = torch.optim.AdamW(params, lr=0.01)
     # FSDP2, DDP: each rank its own data; TP: the same data on both (replicated inputs)
     gen = torch.Generator().manual_seed(0 if mode == "tp" else rank)
-    losses, norms = [], []
+    losses, norms, full = [], [], []
     for i in range(STEPS):
         if not sc.bug.startswith(("late", "discarded")) and not (
                 sc.bug == "missed_r1" and rank == 1 and i >= 2):
@@ -159,9 +160,19 @@ def run(mode: str, sc: Scenario, rank: int) -> dict[str, Any]:
         if sc.bug == "late":
             _reset(sc, model, opt)
         norms.append(_local_norm(params))
+        full.append(_full_norm(params))
         opt.step()
     local = [_local(p).detach().clone() for p in model.parameters()]
-    return {"params": local, "losses": losses, "norms": norms}
+    return {"params": local, "losses": losses, "norms": norms, "full": full}
+
+
+def _full_norm(params: list[torch.Tensor]) -> float | None:
+    """The norm of the whole model's gradients, gathered (a collective on every rank)."""
+    with torch.no_grad():
+        sq = [float(torch.linalg.vector_norm(
+            (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).double())) ** 2
+            for p in params if p.grad is not None]
+    return sum(sq) ** 0.5 if sq else None
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
