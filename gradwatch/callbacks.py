@@ -104,7 +104,11 @@ class CallbackSession:
         where = f" (step log: {handle.path})" if handle.path else ""
         steps = handle.tracker.steps
         counted = f"{steps} optimizer step{'s' if steps != 1 else ''}"
-        if findings:
+        stopped = handle.stopped()
+        if stopped:  # judged in part: never "no bug found"
+            say(f"gradwatch: {counted} judged, {len(findings)} finding"
+                f"{'s' * (len(findings) != 1)}; {stopped}{where}")
+        elif findings:
             kinds = ", ".join(sorted({f"{f.kind} on {f.optimizer}" for f in findings}))
             say(f"gradwatch: {counted}, {len(findings)} finding"
                 f"{'s' * (len(findings) != 1)}: {kinds}{where}")

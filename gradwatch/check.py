@@ -7,7 +7,9 @@ its rank. Logs of different runs given together are refused.
 
 Exit codes (a contract): 0 no findings, 1 findings, 2 a log is unreadable or invalid (or the
 logs are of different runs, or the arguments are wrong), 3 nothing was judged: no optimizer
-step in the logs, or the run failed before its first step. ``--json`` is ``--format json``.
+step in the logs, the run failed before its first step, or the probe turned itself off in
+some process (nothing judged after step N there; with findings before that, 1, and the
+stop is still said). ``--json`` is ``--format json``.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         logs = open_run(paths)
         try:
-            j = verdict_of_logs(logs)  # streams each log: no log is held whole
+            j = verdict_of_logs(logs, combine=True)  # streams each log: none held whole
         finally:
             for log in logs:
                 log.close()
@@ -57,19 +59,23 @@ def main(argv: Sequence[str]) -> int:
             print(f"gradwatch check: warning: {w}", file=sys.stderr)
     findings = j.findings()
     nothing = j.nothing_judged()
+    stopped = j.stopped_text()
     if fmt == "json":
         text = json.dumps({"findings": [f.model_dump(mode="json") for f in findings],
                            "summary": j.summary()}, indent=2)
     elif fmt == "sarif":
         from gradwatch.sarif import sarif_log
 
-        text = json.dumps(sarif_log(findings, logs, paths, nothing), indent=2)
+        text = json.dumps(sarif_log(findings, logs, paths, nothing or stopped), indent=2)
     else:
         text = "\n".join(_text(paths, logs, j, findings))
     quiet_print(text)
     if nothing:
         print(f"gradwatch check: nothing judged: {nothing}", file=sys.stderr)
         return 3
+    if stopped:  # a run judged in part is never clean
+        print(f"gradwatch check: {stopped}", file=sys.stderr)
+        return 1 if findings else 3
     return 1 if findings else 0
 
 
@@ -81,6 +87,10 @@ def _text(paths: list[str], logs: list[LogReader], j: Verdict,
     name = logs[0].header.run_name or logs[0].header.run
     counted = (f"{s['steps']} optimizer steps, {len(findings)} "
                f"finding{'s' if len(findings) != 1 else ''}")
+    if s["stopped"]:  # never "0 findings" for a run whose judging stopped early
+        counted = (f"{s['steps']} optimizer steps judged before the probe stopped, "
+                   + (f"{len(findings)} finding{'s' if len(findings) != 1 else ''} in them"
+                      if findings else "none of them with a finding"))
     several = len(logs) > 1
     out = [f"run '{name}' ({len(logs)} logs): {counted}" if several
            else f"{paths[0]}: run '{name}', {counted}"]
@@ -91,6 +101,17 @@ def _text(paths: list[str], logs: list[LogReader], j: Verdict,
     nothing = s["nothing_judged"]
     if nothing:
         out.append(f"nothing judged: {nothing}")
+    stopped = j.stopped_text()
+    if stopped:
+        out.append(stopped)
+    model = s["model_norms"]
+    if model and model["last"]:  # a sharded run: the model's norms, not one rank's shard
+        last = model["last"]
+        drift = "unknown" if last["drift"] is None else f"{last['drift']:.4g}"
+        most = "" if model["max_drift"] is None else f"; largest drift {model['max_drift']:.4g}"
+        out.append(f"model gradient norms, {model['ranks']} ranks combined by placement "
+                   f"({model['steps']} steps): at step {last['step']} of {last['opt']} "
+                   f"||grad|| {last['norm']:.6g}, drift {drift}{most}")
     elif s["status"] in ("failed", "interrupted"):
         out.append(f"note: the run ended {s['status']}; judged the steps it made")
     with_workers = {st["rank"] for st in s["streams"] if st["worker"] is not None}

@@ -93,6 +93,10 @@ class RunSummary(_Frame):
     """What the user wrote about the run (``PATCH /api/runs/{id}``)."""
     tags: list[str] = Field(default_factory=list)
     """The run's tags, in the order given."""
+    stopped: str | None = None
+    """Where judging stopped, in a process whose probe turned itself off
+    (:meth:`gradwatch.verdict.Verdict.stopped_text`); None: nowhere. Such a run is never
+    shown clean."""
 
 
 class OptimizerView(_Frame):

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from gradwatch.fixes import explain, fix_of
 from gradwatch.lifecycle import Lifecycle
+from gradwatch.shardnorms import ModelNorms
 from gradwatch.wire import (
     End,
     Finding,
@@ -100,6 +101,12 @@ class _StreamState:
     steps: int = 0
     status: str | None = None
     exit_code: int | None = None
+    disabled: str | None = None
+    """Why the probe turned itself off in this stream (``Stats.disabled``)."""
+    stopped_at: tuple[str | None, int] | None = None
+    """``(optimizer, step)``: the last step judged before it did."""
+    last: tuple[str, int] | None = None
+    """The latest step record read (where an older log's stop is placed)."""
 
 
 class Verdict:
@@ -110,7 +117,11 @@ class Verdict:
     at any time.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, combine: bool = False) -> None:
+        """``combine``: also combine a sharded run's norms across its ranks
+        (:class:`~gradwatch.shardnorms.ModelNorms`; every step of every rank must be fed)."""
+        self._combine = combine
+        self._model: ModelNorms | None = None
         self._params: dict[tuple[Stream, str], list[str]] = {}
         self._labels: dict[tuple[Stream, str], str] = {}
         self._sites: dict[tuple[Stream, int], Site] = {}
@@ -135,6 +146,11 @@ class Verdict:
         if isinstance(record, Header):
             self._header = self._header or record
         elif isinstance(record, OptimizerInfo):
+            if record.placements and self._combine and worker is None:
+                if self._model is None:
+                    world = self._header.world_size if self._header else rank + 1
+                    self._model = ModelNorms(world)
+                self._model.feed(record, rank)
             self._params[(stream, record.opt)] = record.params
             if record.label:
                 self._labels[(stream, record.opt)] = record.label
@@ -149,8 +165,17 @@ class Verdict:
             self._dropped[stream] = max(self._dropped.get(stream, 0), record.dropped)
             if isinstance(record, End):
                 state.status, state.exit_code = record.status, record.exit_code
+            elif record.disabled and state.disabled is None:
+                state.disabled = record.disabled
+                if record.last_step is not None:
+                    state.stopped_at = (record.last_opt, record.last_step)
+                elif state.last is not None:  # a version-3 log: its latest step read
+                    state.stopped_at = state.last
         elif isinstance(record, Step):
             state.steps += 1
+            state.last = (record.opt, record.step)
+            if self._model is not None and worker is None:
+                self._model.feed(record, rank)
             return self._feed_step(record, stream)
         return []
 
@@ -255,6 +280,35 @@ class Verdict:
                     "killed, or is still running, before its first step")
         return "no optimizer step in the log: the run never stepped an optimizer"
 
+    def stopped(self) -> list[dict[str, Any]]:
+        """The streams whose probe turned itself off, judging nothing after that:
+        ``rank``, ``worker``, ``opt`` and ``after_step`` (the last step judged, None if
+        none), ``cause``; in stream order."""
+        out = []
+        for (rank, worker), st in sorted(self._streams.items(),
+                                         key=lambda x: (x[0][0], x[0][1] or 0)):
+            if st.disabled is None:
+                continue
+            opt, step = st.stopped_at if st.stopped_at is not None else (None, None)
+            out.append({"rank": rank, "worker": worker,
+                        "opt": self._labels.get(((rank, worker), opt or ""), opt),
+                        "after_step": step, "cause": st.disabled})
+        return out
+
+    def stopped_text(self) -> str | None:
+        """A sentence per stream whose probe turned itself off (see :meth:`stopped`), or
+        None: "nothing judged after step N on rank R: the probe turned itself off (cause)"."""
+        parts = []
+        several = len(self._streams) > 1
+        for s in self.stopped():
+            who = f" on {stream_name((s['rank'], s['worker']))}" if several else ""
+            step = s["after_step"]
+            when = (f"nothing judged after step {step}" + (f" of {s['opt']}" if s["opt"]
+                                                           else "")
+                    if step is not None else "nothing judged")
+            parts.append(f"{when}{who}: the probe turned itself off ({s['cause']})")
+        return "; ".join(parts) or None
+
     def summary(self) -> dict[str, Any]:
         """Run-level figures, as ``gradwatch check --json`` prints them."""
         by_kind: dict[str, int] = {}
@@ -278,6 +332,8 @@ class Verdict:
             "dropped": sum(self._dropped.values()),
             "status": status,
             "nothing_judged": self.nothing_judged(),
+            "stopped": self.stopped(),
+            "model_norms": self._model.summary() if self._model is not None else None,
             "streams": [{"rank": r, "worker": w, "steps": st.steps, "status": st.status,
                          "exit_code": st.exit_code}
                         for (r, w), st in sorted(self._streams.items(),
@@ -319,11 +375,12 @@ def verdict_of(records: Iterable[Any]) -> Verdict:
     return j
 
 
-def verdict_of_logs(logs: Iterable[StepLog | LogReader]) -> Verdict:
+def verdict_of_logs(logs: Iterable[StepLog | LogReader], combine: bool = False) -> Verdict:
     """The verdict of the step logs of one run's streams together (see
     :func:`gradwatch.steplog.open_run`), each stream tagged by its header's rank and
-    worker; a :class:`~gradwatch.steplog.LogReader` is read through once."""
-    j = Verdict()
+    worker; a :class:`~gradwatch.steplog.LogReader` is read through once. ``combine``: the
+    model's norms of a sharded run too (``summary()["model_norms"]``)."""
+    j = Verdict(combine)
     for log in logs:
         h = log.header
         j.feed(h, h.rank, h.worker)

@@ -18,7 +18,9 @@ Records are written at :data:`PROTOCOL_VERSION` (:mod:`gradwatch.wirejson`); a l
 the version it was written at, which the reader knows from outside the line (a log's
 header, a frame's ``v``): see :func:`parse_record`. Version 2 leaves out what it implies and
 packs per-parameter arrays, version 3 also leaves out a clean step's counts
-(:mod:`gradwatch.encoding`).
+(:mod:`gradwatch.encoding`); version 4 adds where a probe that turned itself off stopped
+(``Stats.last_step``, ``Stats.last_opt``) and each parameter's placement on a device mesh
+(``OptimizerInfo.placements``), which an older reader would refuse as unknown fields.
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ from pydantic import (
 
 from gradwatch import encoding
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """The version records are written at; bumped on any change to how they are written."""
 
-SUPPORTED_VERSIONS = frozenset({1, 2, 3})
+SUPPORTED_VERSIONS = frozenset({1, 2, 3, 4})
 """The versions a reader reads (a contract: a log of any of them stays readable)."""
 
 FindingKind = Literal[
@@ -194,6 +196,13 @@ class OptimizerInfo(_Record):
     """A virtual optimizer (``opt`` is ``"manual"``): parameters no optimizer holds, updated
     in place by hand (``p.data.add_(...)``, ``with torch.no_grad(): p -= lr * p.grad``). Each of
     its steps is such an update, seen between two backward passes."""
+    placements: str | None = Field(default=None, max_length=100_000, pattern="^[-sr]*$")
+    """Each parameter's placement on a device mesh (version 4), one character each: ``-`` a
+    plain tensor, ``s`` a DTensor sharded over some mesh dimension (``Shard``: FSDP2, tensor
+    parallel), ``r`` a DTensor replicated over every one; None where none is a DTensor. A
+    rank's norms are its local shard's: where the ranks' records meet, an ``s`` parameter's
+    norms combine as the square root of the sum of the ranks' squares, the others count
+    once (:mod:`gradwatch.shardnorms`)."""
 
 
 class Site(_Record):
@@ -388,6 +397,10 @@ class Stats(_Record):
     stored stay (``gradwatch replay`` sends them). Kept so that logs carrying it still read."""
     disabled: str | None = Field(default=None, max_length=1000)
     """Why the probe turned itself off, if it did."""
+    last_step: StepNumber | None = None
+    """With ``disabled``: the last step judged before the probe turned itself off, of
+    optimizer :attr:`last_opt` (None: no step was judged, or a log older than version 4)."""
+    last_opt: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class Scalars(_Record):

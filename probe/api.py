@@ -96,8 +96,15 @@ class WatchHandle:
             self.tracker.sites.stand_in(role, code)
 
     def _on_disable(self, reason: str) -> None:
-        self.writer.put(Stats(seq=0, t=time.time(), dropped=self.writer.dropped,
-                              disabled=reason))
+        self.writer.put(self._stats(self.writer.dropped))
+
+    def _stats(self, dropped: int) -> Stats:
+        """The probe's health; once it turned itself off, why and where it stopped judging
+        (every verdict reads it: a run judged only in part is never "clean")."""
+        disabled = self.tracker.disabled
+        last = self.tracker.last_step if disabled else None
+        return Stats(seq=0, t=time.time(), dropped=dropped, disabled=disabled,
+                     last_step=last[1] if last else None, last_opt=last[0] if last else None)
 
     def findings(self) -> list[Finding]:
         """Findings of the records the writer thread has written so far.
@@ -161,6 +168,15 @@ class WatchHandle:
         """Why the probe turned itself off, or None while it runs."""
         return self.tracker.disabled
 
+    def stopped(self) -> str | None:
+        """Where judging stopped, once the probe turned itself off ("nothing judged after
+        step N of opt: the probe turned itself off (cause)"), else None. Exact after
+        :meth:`close`: it is what the step log says."""
+        if self.tracker.disabled is None:
+            return None
+        return self.writer.verdict.stopped_text() or (
+            f"the probe turned itself off ({self.tracker.disabled})")
+
     @property
     def unsent(self) -> int:
         """Records the server has not acknowledged (0 without a server): after
@@ -191,8 +207,7 @@ class WatchHandle:
         self.tracker.close()
         patches.unregister(self.tracker)
         dropped = self.writer.dropped + _streamer_dropped(self.streamer)
-        self.writer.put_blocking(Stats(seq=0, t=time.time(), dropped=dropped,
-                                       disabled=self.tracker.disabled))
+        self.writer.put_blocking(self._stats(dropped))
         self.writer.put_blocking(End(seq=0, t=time.time(), status=status,  # type: ignore[arg-type]
                                      exit_code=exit_code, steps=self.tracker.steps,
                                      dropped=dropped))

@@ -93,6 +93,9 @@ class Ledger:
         """Where this optimizer's parameters were last reset by a call (0: never, or by
         hand): a step that re-applies old gradients names it, the reset in the wrong place
         (``zero_grad()`` once per epoch)."""
+        # Armed until its first reset or step: a hand-written reset (``p.grad = None``)
+        # before the first step is told from an accumulation like any later one.
+        backwards.arm(self)
 
     @property
     def incoming(self) -> Hits:

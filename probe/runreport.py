@@ -97,8 +97,8 @@ def verdict(outcome: Outcome, findings: list[Finding], steps: int, streams: int,
     if handle is not None and handle.world_size > 1:  # each rank prints its own verdict
         lines.append(f"gradwatch: rank {handle.rank} of {handle.world_size}:")
     disabled = handle.disabled if handle is not None else None
-    if disabled:
-        lines.append(f"gradwatch: the probe turned itself off: {disabled}")
+    if disabled and handle is not None:
+        lines.append(f"gradwatch: {handle.stopped()}")
     where = f" (step log: {session.path}" + (
         f" and {streams - 1} worker logs beside it)" if streams > 1 else ")")
     counted = f"{steps} optimizer step{'s' if steps != 1 else ''}" + (

@@ -47,6 +47,7 @@ from gradwatch.probe.losses import Roots, learning_rates
 from gradwatch.probe.manual import ManualUpdates
 from gradwatch.probe.names import Namer, positional
 from gradwatch.probe.nocompile import no_compile
+from gradwatch.probe.shards import placements
 from gradwatch.probe.sites import Sites
 from gradwatch.probe.unowned import Unowned
 from gradwatch.wire import OptimizerInfo
@@ -193,7 +194,7 @@ class Tracker:
                                 params=names, shapes=[list(p.shape) for p in led.params],
                                 groups=list(led.groups), label=self.labels.get(led),
                                 hparams=[] if manual else group_hparams(led.opt),
-                                manual=manual))
+                                manual=manual, placements=placements(led.params)))
 
     def opt_add_param_group(self, opt: torch.optim.Optimizer) -> None:
         """After ``Optimizer.add_param_group`` (progressive unfreezing): track the new

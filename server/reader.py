@@ -23,18 +23,30 @@ from gradwatch.server.steptable import (
     FLAG_PFRESH_IS_PNORM,
     unpack_norms,
 )
-from gradwatch.wire import Finding
+from gradwatch.verdict import Verdict
+from gradwatch.wire import Finding, parse_record
 
 _SUMMARY = ("SELECT id, name, status, started, updated, steps, findings, ranks, optimizers, "
             "dropped, torch_version, notes, tags FROM runs ")
 INF = 1 << 62
 
 
-def _summary(t: tuple[Any, ...]) -> RunSummary:
+def _summary(c: sqlite3.Connection, t: tuple[Any, ...]) -> RunSummary:
     return RunSummary(id=t[0], name=t[1], status=t[2], started=t[3], updated=t[4],
                       steps=t[5], findings=t[6], ranks=json.loads(t[7]),
                       optimizers=json.loads(t[8]), dropped=t[9], torch_version=t[10],
-                      notes=t[11], tags=json.loads(t[12]))
+                      notes=t[11], tags=json.loads(t[12]), stopped=_stopped(c, t[0]))
+
+
+def _stopped(c: sqlite3.Connection, run_id: str) -> str | None:
+    """Where judging stopped in the run (its ranks' ``Stats`` records, by the verdict's
+    rule), or None."""
+    v = Verdict()
+    for rank, body in c.execute(
+            "SELECT r.rank, r.body FROM records r JOIN runs u ON r.rid = u.rid "
+            "WHERE u.id=? AND r.kind='stats' ORDER BY r.rank, r.seq", (run_id,)):
+        v.feed(parse_record(body, 1), rank)
+    return v.stopped_text()
 
 
 class Reader:
@@ -75,13 +87,14 @@ class Reader:
     def runs(self) -> list[RunSummary]:
         """Every run, newest first."""
         with self.conn() as c:
-            return [_summary(t) for t in c.execute(_SUMMARY + "ORDER BY started DESC")]
+            rows = c.execute(_SUMMARY + "ORDER BY started DESC").fetchall()
+            return [_summary(c, t) for t in rows]
 
     def summary(self, run_id: str) -> RunSummary | None:
         """A run's summary, or ``None``."""
         with self.conn() as c:
             t = c.execute(_SUMMARY + "WHERE id=?", (run_id,)).fetchone()
-            return None if t is None else _summary(t)
+            return None if t is None else _summary(c, t)
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         """Summary plus ``optimizers`` and ``header`` of a run, or ``None``."""
@@ -89,7 +102,7 @@ class Reader:
             t = c.execute(_SUMMARY + "WHERE id=?", (run_id,)).fetchone()
             if t is None:
                 return None
-            out = _summary(t).model_dump(mode="json")
+            out = _summary(c, t).model_dump(mode="json")
             out["optimizers"] = [v.model_dump(mode="json") for v in self._optimizers(c, t[0])]
             out["header"] = json.loads(c.execute("SELECT header FROM runs WHERE id=?",
                                                  (run_id,)).fetchone()[0])

@@ -69,7 +69,8 @@ class RunState:
             updated=self.updated, steps=self.steps, findings=len(self.finding_keys),
             ranks=sorted(self.ranks), optimizers=list(self.optimizers),
             dropped=sum(self.dropped.values()), torch_version=self.torch_version,
-            notes=self.notes, tags=list(self.tags))
+            notes=self.notes, tags=list(self.tags),
+            stopped=self.verdict.stopped_text())
 
     def final_status(self) -> RunStatus | None:
         """The run's end status once every rank has sent its End, else ``None``."""

@@ -4,8 +4,9 @@
 Each scenario (FSDP2's ``fully_shard``, then tensor parallel) builds its own model and
 optimizer (the k-th optimizer of the step log is the k-th scenario of :func:`scenarios`),
 trains :data:`STEPS` steps of :data:`MICRO` micro-batches, and the script saves, per rank,
-every scenario's final local parameters, losses and the norm of the local gradients each
-step read (a plain loop of ``vector_norm``), and the RNG state at the end
+every scenario's final local parameters, losses, the norm of the local gradients each step
+read and of the whole model's (gathered), each a plain loop of ``vector_norm``, and the RNG
+state at the end
 (``OUT/rank<r>.pt``): the differential test compares them with and without the probe, bit
 for bit.
 
@@ -63,12 +64,19 @@ SCENARIOS: dict[str, list[Scenario]] = {
         Scenario("late_adam", opt="adam", bug="late"),
         Scenario("discarded_sgd", opt="sgd", bug="discarded", reset="module"),
     ],
+    # DDP, for the resets by hand before the first step (flagged from step 0, as on one
+    # process)
+    "ddp": [
+        Scenario("clean_ddp", opt="sgd"),
+        Scenario("late_none_ddp", opt="sgd", bug="late", reset="none"),
+        Scenario("discarded_none_ddp", opt="sgd", bug="discarded", reset="none"),
+    ],
 }
 
 
 def scenarios() -> list[tuple[str, Scenario]]:
     """Every ``(mode, scenario)``, in the order the script runs them."""
-    return [(mode, sc) for mode in ("fsdp", "tp") for sc in SCENARIOS[mode]]
+    return [(mode, sc) for mode in ("fsdp", "tp", "ddp") for sc in SCENARIOS[mode]]
 
 
 def _model() -> torch.nn.Sequential:
@@ -122,7 +130,8 @@ def _sync(model: torch.nn.Module, on: bool) -> None:
 def run(mode: str, sc: Scenario, rank: int) -> dict[str, Any]:
     """Train one scenario; its final local parameters and losses."""
     torch.manual_seed(0)
-    model = _fsdp(sc) if mode == "fsdp" else _tp(sc)
+    model = (_fsdp(sc) if mode == "fsdp" else _tp(sc) if mode == "tp"
+             else torch.nn.parallel.DistributedDataParallel(_model()))
     params = list(model.parameters())
     opt: torch.optim.Optimizer
     if sc.opt == "sgd":
@@ -131,9 +140,9 @@ def run(mode: str, sc: Scenario, rank: int) -> dict[str, Any]:
         opt = torch.optim.Adam(params, lr=0.01)
     else:
         opt = torch.optim.AdamW(params, lr=0.01)
-    # FSDP2: each rank its own data; TP: the same data on both (the inputs are replicated)
-    gen = torch.Generator().manual_seed(rank if mode == "fsdp" else 0)
-    losses, norms = [], []
+    # FSDP2, DDP: each rank its own data; TP: the same data on both (replicated inputs)
+    gen = torch.Generator().manual_seed(0 if mode == "tp" else rank)
+    losses, norms, full = [], [], []
     for i in range(STEPS):
         if not sc.bug.startswith(("late", "discarded")) and not (
                 sc.bug == "missed_r1" and rank == 1 and i >= 2):
@@ -151,15 +160,29 @@ def run(mode: str, sc: Scenario, rank: int) -> dict[str, Any]:
         if sc.bug == "late":
             _reset(sc, model, opt)
         norms.append(_local_norm(params))
+        full.append(_full_norm(params))
         opt.step()
-    local = [p.to_local().detach().clone() for p in model.parameters()]
-    return {"params": local, "losses": losses, "norms": norms}
+    local = [_local(p).detach().clone() for p in model.parameters()]
+    return {"params": local, "losses": losses, "norms": norms, "full": full}
+
+
+def _full_norm(params: list[torch.Tensor]) -> float | None:
+    """The norm of the whole model's gradients, gathered (a collective on every rank)."""
+    with torch.no_grad():
+        sq = [float(torch.linalg.vector_norm(
+            (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).double())) ** 2
+            for p in params if p.grad is not None]
+    return sum(sq) ** 0.5 if sq else None
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _local_norm(params: list[torch.Tensor]) -> float | None:
     """The norm of this rank's shards of the gradients, the slow obvious way."""
     with torch.no_grad():
-        sq = [float(torch.linalg.vector_norm(p.grad.to_local().double())) ** 2
+        sq = [float(torch.linalg.vector_norm(_local(p.grad).double())) ** 2
               for p in params if p.grad is not None]
     return sum(sq) ** 0.5 if sq else None
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import websockets
 
-from gradwatch.wire import IngestBatch
+from gradwatch.wire import IngestBatch, Stats
 from tests.serverproc import ServerProc
 
 from .conftest import ARTIFACTS, Page
@@ -68,6 +68,24 @@ async def test_a_clean_run_says_so_first(server: ServerProc, page: Page) -> None
     assert "every one of 50 steps" in await page.locator("#verdict-sub").text_content()
     await in_view(page, "#verdict-sub")
     assert await page.locator(".finding").count() == 0
+    assert page.errors == []
+
+
+async def test_a_run_whose_probe_stopped_is_never_shown_clean(server: ServerProc,
+                                                              page: Page) -> None:
+    sent = steps(20)
+    stop = Stats(seq=sent[-1].seq + 1, t=sent[-1].t, disabled="RuntimeError: boom",
+                 last_step=19, last_opt="SGD#0")
+    records = finished("stopped", "stopped run", sent)
+    await ingest(server.ws, "stopped", [*records[:-1], stop,
+                                        records[-1].model_copy(update={"seq": stop.seq + 1})])
+    want = "nothing judged after step 19 of SGD#0: the probe turned itself off (RuntimeError: boom)"
+    assert server.get("/api/runs")["runs"][0]["stopped"] == want
+    await page.set_viewport_size({"width": 1280, "height": 720})
+    await page.goto(f"{server.http}/?run=stopped")
+    await page.wait_for_function("document.getElementById('verdict').dataset.state === 'bad'")
+    assert await page.locator("#verdict-title").text_content() == "Judging stopped"
+    assert await page.locator("#verdict-sub").text_content() == f"N{want[1:]}."
     assert page.errors == []
 
 

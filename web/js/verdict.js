@@ -52,7 +52,11 @@ export class VerdictPanel {
     const live = !run || run.status === "live";
     let state = "bad", title = `${count(n)} finding${n === 1 ? "" : "s"}`;
     let sub = "Fix the line shown first; click a finding to see its steps.";
-    if (!n) {
+    if (run && run.stopped) {
+      // a run judged in part is never clean: say where judging stopped
+      if (!n) [state, title] = ["bad", "Judging stopped"];
+      sub = `${run.stopped[0].toUpperCase()}${run.stopped.slice(1)}.`;
+    } else if (!n) {
       const steps = run ? run.steps : 0;
       if (!steps) [state, title, sub] = ["wait", "No steps yet", "The verdict comes with the first optimizer step."];
       else if (live) [state, title, sub] = ["wait", "No findings so far", `${count(steps)} steps judged; watching live.`];
