@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -82,8 +83,18 @@ SiteId = Annotated[int, Field(ge=1, le=INT64_MAX)]
 """The id of a :class:`Site` record, unique within one (run, rank) stream."""
 RUN_ID_CHARS = "A-Za-z0-9_.-"
 """The characters of a run id, as a regular-expression class body."""
-RunId = Annotated[str, Field(min_length=1, max_length=64, pattern=f"^[{RUN_ID_CHARS}]+$")]
-"""A run id: shared by every rank of one training job, safe in a URL and a file name."""
+
+
+def _path_segment(v: str) -> str:
+    if v in (".", ".."):  # a URL path would resolve it away: no page could name the run
+        raise ValueError(f"a run id cannot be '{v}'")
+    return v
+
+
+RunId = Annotated[str, Field(min_length=1, max_length=64, pattern=f"^[{RUN_ID_CHARS}]+$"),
+                  AfterValidator(_path_segment)]
+"""A run id: shared by every rank of one training job, safe in a URL path segment and a file
+name (never ``.`` or ``..``)."""
 ARG_MAX_CHARS = 4096
 """The longest ``argv`` item a header may carry (the probe shortens longer ones)."""
 ARGV_MAX_CHARS = 32768

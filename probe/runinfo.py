@@ -29,7 +29,7 @@ def run_id(explicit: str | None = None) -> str:
     raw = (explicit or os.environ.get("GRADWATCH_RUN_ID") or torchrun_id()
            or uuid.uuid4().hex[:16])
     clean = _BAD.sub("-", raw).strip("-")[:64]
-    return clean or uuid.uuid4().hex[:16]
+    return clean if clean not in ("", ".", "..") else uuid.uuid4().hex[:16]
 
 
 def torchrun_id() -> str | None:
