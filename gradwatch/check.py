@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gradwatch.cliargs import CommandParser, quiet_print, summary
+from gradwatch.cliargs import CommandParser, printable, quiet_print, summary
 from gradwatch.steplog import LogReader, StepLogError, open_run
 from gradwatch.verdict import Verdict, stream_name, verdict_of_logs
 from gradwatch.wire import Finding
@@ -52,11 +52,11 @@ def main(argv: Sequence[str]) -> int:
             for log in logs:
                 log.close()
     except StepLogError as e:
-        print(f"gradwatch check: {e}", file=sys.stderr)
+        print(f"gradwatch check: {printable(str(e))}", file=sys.stderr)
         return 2
     for log in logs:
         for w in log.warnings:
-            print(f"gradwatch check: warning: {w}", file=sys.stderr)
+            print(f"gradwatch check: warning: {printable(w)}", file=sys.stderr)
     findings = j.findings()
     nothing = j.nothing_judged()
     stopped = j.stopped_text()
@@ -68,7 +68,7 @@ def main(argv: Sequence[str]) -> int:
 
         text = json.dumps(sarif_log(findings, logs, paths, nothing or stopped), indent=2)
     else:
-        text = "\n".join(_text(paths, logs, j, findings))
+        text = printable("\n".join(_text(paths, logs, j, findings)))
     quiet_print(text)
     if nothing:
         print(f"gradwatch check: nothing judged: {nothing}", file=sys.stderr)

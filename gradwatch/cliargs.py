@@ -16,6 +16,16 @@ from typing import Any, NoReturn
 _MARKUP = re.compile(r"``([^`]*)``|:\w+:`~?([^`]*)`")
 
 
+def printable(text: str) -> str:
+    """``text`` with what a terminal would act on escaped (``\\x1b``, ``\\u202e``): names
+    come from logs anyone may have written, and an escape sequence or a bidi override in
+    one must show as what it is. Newlines and tabs stay."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode()
+                   for c in text)
+
+
 def quiet_print(text: str) -> None:
     """Print ``text`` to stdout; a reader that stopped reading (``gradwatch check LOG |
     head``) ends the output quietly: no BrokenPipeError, now or at exit."""

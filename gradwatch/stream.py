@@ -218,8 +218,16 @@ class Streamer:
             r.max_bytes, r.max_records = max(4096, r.max_bytes // 2), max(1, r.max_records // 2)
         elif code == RATE_LIMITED:  # fewer, fuller frames (other streams share the budget)
             self.min_interval = min(1.0, self.min_interval * 2)
-            log.info("gradwatch streamer: the server's rate limit closed the stream (%s); "
+            log.info("gradwatch streamer: the server closed the stream for now (%s); "
                      "sending at most every %.2f s", reason, self.min_interval)
+            if not was_connected and not self._unreachable_said and not self._stopping:
+                # Refused on connecting (too many connections, its storage busy): said
+                # once per outage, like an unreachable server; the records wait in the spool.
+                self._unreachable_said = True
+                log.warning("gradwatch: the server at %s refused the stream for now (%s); "
+                            "training goes on, every record stays in %s and is sent when "
+                            "it takes them (or later: gradwatch replay --resume)",
+                            self.url, reason, self.spool)
         else:
             log.debug("gradwatch streamer: no connection to %s: %s", self.url, e)
             if not self._unreachable_said and not self._stopping:

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -84,8 +85,47 @@ SiteId = Annotated[int, Field(ge=1, le=INT64_MAX)]
 """The id of a :class:`Site` record, unique within one (run, rank) stream."""
 RUN_ID_CHARS = "A-Za-z0-9_.-"
 """The characters of a run id, as a regular-expression class body."""
-RunId = Annotated[str, Field(min_length=1, max_length=64, pattern=f"^[{RUN_ID_CHARS}]+$")]
-"""A run id: shared by every rank of one training job, safe in a URL and a file name."""
+
+
+def _path_segment(v: str) -> str:
+    if v in (".", ".."):  # a URL path would resolve it away: no page could name the run
+        raise ValueError(f"a run id cannot be '{v}'")
+    return v
+
+
+RunId = Annotated[str, Field(min_length=1, max_length=64, pattern=f"^[{RUN_ID_CHARS}]+$"),
+                  AfterValidator(_path_segment)]
+"""A run id: shared by every rank of one training job, safe in a URL path segment and a file
+name (never ``.`` or ``..``)."""
+ARG_MAX_CHARS = 4096
+"""The longest ``argv`` item a header may carry (the probe shortens longer ones)."""
+ARGV_MAX_CHARS = 32768
+"""The most characters all ``argv`` items of a header may carry together."""
+NAME_MAX_CHARS = 1000
+"""The longest parameter name a record may carry (the probe shortens longer ones)."""
+ArgItem = Annotated[str, Field(max_length=ARG_MAX_CHARS)]
+ParamName = Annotated[str, Field(max_length=NAME_MAX_CHARS)]
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, ending in ``…`` when cut."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def bounded_argv(argv: Sequence[str]) -> list[str]:
+    """A command line as a header may carry it: items shortened to :data:`ARG_MAX_CHARS`,
+    at most 256 of them and :data:`ARGV_MAX_CHARS` characters together (``…`` where cut)."""
+    out: list[str] = []
+    total = 0
+    for a in argv[:256]:
+        item = clip(str(a), min(ARG_MAX_CHARS, ARGV_MAX_CHARS - total))
+        if not item or total + len(item) > ARGV_MAX_CHARS:
+            break
+        out.append(item)
+        total += len(item)
+    return out
+
+
 # Norms may be NaN or Inf; they are data. ``None`` means "not sampled this step".
 Norm = float | None
 
@@ -124,7 +164,9 @@ class Header(_Record):
     started: FiniteFloat
     host: str = Field(default="", max_length=255)
     pid: NonNegInt = 0
-    argv: list[str] = Field(default_factory=list, max_length=256)
+    argv: list[ArgItem] = Field(default_factory=list, max_length=256)
+    """The command line, items of at most :data:`ARG_MAX_CHARS`, :data:`ARGV_MAX_CHARS`
+    in all."""
     norms_every: NonNegInt = 1
     worker: NonNegInt | None = None
     """Set in a process the training script started itself (``torch.multiprocessing``
@@ -135,6 +177,14 @@ class Header(_Record):
     tags: list[Annotated[str, Field(min_length=1, max_length=TAG_MAX)]] = Field(
         default_factory=list, max_length=TAGS_MAX)
     """The run's tags, as given on its dashboard page (like :attr:`notes`)."""
+
+    @field_validator("argv")
+    @classmethod
+    def _argv_total(cls, v: list[str]) -> list[str]:
+        n = sum(map(len, v))
+        if n > ARGV_MAX_CHARS:
+            raise ValueError(f"argv holds {n} characters in all; at most {ARGV_MAX_CHARS}")
+        return v
 
     @field_validator("v")
     @classmethod
@@ -179,7 +229,7 @@ class OptimizerInfo(_Record):
     opt: str = Field(min_length=1, max_length=200)
     """Display name, unique in the run, e.g. ``"Adam#0"`` or the user's ``name=``."""
     cls: str = Field(max_length=200)
-    params: list[str] = Field(max_length=100_000)
+    params: list[ParamName] = Field(max_length=100_000)
     """Parameter names (``model.named_parameters()`` names where known)."""
     shapes: list[list[NonNegInt]] = Field(default_factory=list, max_length=100_000)
     groups: list[NonNegInt] = Field(default_factory=list, max_length=100_000)
@@ -347,7 +397,7 @@ class Unowned(_Record):
     """
 
     type: Literal["unowned"] = "unowned"
-    params: list[str] = Field(default_factory=list, max_length=1000)
+    params: list[ParamName] = Field(default_factory=list, max_length=1000)
     """Names of the parameters (at most 1000 of them; ``count`` says how many in all)."""
     shapes: list[list[NonNegInt]] = Field(default_factory=list, max_length=1000)
     """Shape of each parameter named in ``params``."""

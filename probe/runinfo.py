@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 from gradwatch import __version__
-from gradwatch.wire import RUN_ID_CHARS, Header
+from gradwatch.wire import RUN_ID_CHARS, Header, bounded_argv
 
 _BAD = re.compile(f"[^{RUN_ID_CHARS}]+")
 
@@ -29,7 +29,7 @@ def run_id(explicit: str | None = None) -> str:
     raw = (explicit or os.environ.get("GRADWATCH_RUN_ID") or torchrun_id()
            or uuid.uuid4().hex[:16])
     clean = _BAD.sub("-", raw).strip("-")[:64]
-    return clean or uuid.uuid4().hex[:16]
+    return clean if clean not in ("", ".", "..") else uuid.uuid4().hex[:16]
 
 
 def torchrun_id() -> str | None:
@@ -73,7 +73,7 @@ def header(run: str, run_name: str | None, rank: int, world: int, norms_every: i
     return Header(seq=0, t=now, run=run, run_name=(run_name or run)[:200], rank=rank,
                   world_size=world, torch_version=version[:64], gradwatch_version=__version__,
                   started=now, host=socket.gethostname()[:255], pid=os.getpid(),
-                  argv=[str(a) for a in sys.argv[:256]], norms_every=norms_every,
+                  argv=bounded_argv(sys.argv), norms_every=norms_every,
                   worker=worker)
 
 

@@ -50,7 +50,7 @@ from gradwatch.probe.nocompile import no_compile
 from gradwatch.probe.shards import placements
 from gradwatch.probe.sites import Sites
 from gradwatch.probe.unowned import Unowned
-from gradwatch.wire import OptimizerInfo
+from gradwatch.wire import NAME_MAX_CHARS, OptimizerInfo, clip
 
 log = logging.getLogger("gradwatch.probe")
 
@@ -191,7 +191,8 @@ class Tracker:
         if isinstance(led.opt, ManualUpdates):  # the virtual optimizer of updates by hand
             manual, names = True, led.opt.named(led.params, names)
         self.emit(OptimizerInfo(seq=0, t=time.time(), opt=led.name, cls=type(led.opt).__name__,
-                                params=names, shapes=[list(p.shape) for p in led.params],
+                                params=[clip(n, NAME_MAX_CHARS) for n in names],
+                                shapes=[list(p.shape) for p in led.params],
                                 groups=list(led.groups), label=self.labels.get(led),
                                 hparams=[] if manual else group_hparams(led.opt),
                                 manual=manual, placements=placements(led.params)))

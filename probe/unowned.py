@@ -46,6 +46,7 @@ from gradwatch.probe import names
 from gradwatch.probe.manual import Manual, named_by_frames
 from gradwatch.probe.norms import values
 from gradwatch.probe.shards import local, readable
+from gradwatch.wire import NAME_MAX_CHARS, clip
 from gradwatch.wire import Unowned as UnownedRecord
 
 if TYPE_CHECKING:
@@ -325,7 +326,7 @@ class Unowned:
         self.sent = self._counts()
         self.dirty = False
         self.tracker.emit(UnownedRecord(
-            seq=0, t=time.time(), params=listed,
+            seq=0, t=time.time(), params=[clip(n, NAME_MAX_CHARS) for n in listed],
             shapes=[list(p.shape) for p in named], count=len(params),
             numel=sum(p.numel() for p in params),
             backwards=max((lf.walks for lf, _ in alive), default=0),

@@ -57,6 +57,9 @@ def _parser() -> CommandParser:
                    help="seconds an ingest connection may send nothing before it is "
                         "closed (default %(default)g; keep it above the probe's 60 s "
                         "keepalive)")
+    p.add_argument("--ingest-hello-timeout", type=float, default=d.ingest_hello_timeout,
+                   help="seconds a new ingest connection may take to send its first frame "
+                        "(default %(default)g)")
     p.add_argument("--max-runs", type=int, default=d.max_runs,
                    help="runs the server holds (default %(default)s)")
     p.add_argument("--max-live-clients", type=int, default=d.max_live_clients,
@@ -115,7 +118,8 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
                  "live_backlog", "max_header_bytes", "max_import_bytes", "max_line_bytes"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("max_msgs_per_sec", "ingest_idle_timeout", "send_timeout", "header_timeout",
+    for name in ("max_msgs_per_sec", "ingest_idle_timeout", "ingest_hello_timeout",
+                 "send_timeout", "header_timeout",
                  "keep_alive_timeout", "ping_interval", "ping_timeout"):
         if not getattr(a, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
@@ -154,6 +158,7 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
                  allowed_origins=tuple(a.allow_origin), allowed_hosts=tuple(a.allow_host),
                  max_ingest_connections=a.max_ingest_connections,
                  ingest_idle_timeout=a.ingest_idle_timeout, live_backlog=a.live_backlog,
+                 ingest_hello_timeout=a.ingest_hello_timeout,
                  header_timeout=a.header_timeout, max_header_bytes=a.max_header_bytes,
                  keep_alive_timeout=a.keep_alive_timeout, ping_interval=a.ping_interval,
                  ping_timeout=a.ping_timeout, keep_param_norms=keep,

@@ -90,11 +90,28 @@ def export_csv(reader: Reader, run_id: str) -> Iterator[str] | None:
 
 def _csv_cells(r: Row) -> list[object]:
     """A step row as CSV cells: resets as ``how:n;how:n``, learning rates as ``a;b``, an
-    unsampled norm empty."""
+    unsampled norm empty, text made safe for spreadsheets (:func:`spreadsheet_text`)."""
     cells: list[object] = ["" if x is None else x for x in r]
     cells[_RESETS] = ";".join(f"{h}:{n}" for h, n in r.resets)
     cells[_LR] = "" if r.lr is None else ";".join(map(repr, r.lr))
-    return cells
+    return [spreadsheet_text(c) if isinstance(c, str) else c for c in cells]
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""What makes a spreadsheet read a cell as a formula (OWASP's CSV injection list)."""
+
+
+def spreadsheet_text(text: str) -> str:
+    """A CSV text cell that a spreadsheet shows as text: one starting with ``=``, ``+``,
+    ``-``, ``@``, a tab or a carriage return gets a leading ``'`` (an optimizer named
+    ``=HYPERLINK(...)`` stays a name, not a link); a number stays a number."""
+    if not text.startswith(FORMULA_START):
+        return text
+    try:
+        float(text)
+        return text  # "-0.5": a number, read as one
+    except ValueError:
+        return "'" + text
 
 
 _RESETS, _LR = Row._fields.index("resets"), Row._fields.index("lr")

@@ -71,7 +71,12 @@ class IngestGate:
     """Ingest connections: how many may be open, and one frame-rate budget per address.
 
     The rate limit is per client address, shared by all its connections, so opening more
-    connections does not buy more frames.
+    connections does not buy more frames. A quarter of the connections (at least one) is
+    kept for streams that are owned: once the rest are taken, a new connection is admitted
+    only *on trial*, and stays only if its first hello proves it holds the key of a stream
+    the server already keeps (:meth:`Runs.owns`). Locally every client shares one address,
+    so this, with the deadline for a first frame, is what keeps a client holding idle
+    sockets from locking every probe out.
 
     Args:
         max_connections: open ingest connections allowed at once.
@@ -84,30 +89,49 @@ class IngestGate:
     def __init__(self, max_connections: int, rate: float,
                  clock: Callable[[], float] = time.monotonic):
         self.max_connections = max_connections
+        self.reserved = max(1, max_connections // 4) if max_connections > 1 else 0
+        """Connections kept for streams that are owned."""
         self.rate = rate
         self._clock = clock
         self._open: dict[str, int] = {}
+        self._on_trial = 0
         self._buckets: dict[str, RateLimiter] = {}
 
-    def open(self, address: str) -> RateLimiter:
-        """Admit a connection from ``address``; returns the address's shared rate limiter.
+    def open(self, address: str) -> tuple[RateLimiter, bool]:
+        """Admit a connection from ``address``: the address's shared rate limiter, and
+        whether the connection is on trial (it must prove a stream it owns, then
+        :meth:`proven`; else it is closed and :meth:`close` called with ``trial=True``).
 
         Raises:
             TooManyConnections: ``max_connections`` are already open.
         """
-        if sum(self._open.values()) >= self.max_connections:
+        total = sum(self._open.values())
+        if total >= self.max_connections:
             raise TooManyConnections(f"too many ingest connections (the limit is "
                                      f"{self.max_connections}); retry later")
+        trial = total - self._on_trial >= self.max_connections - self.reserved
         self._open[address] = self._open.get(address, 0) + 1
+        self._on_trial += trial
         bucket = self._buckets.get(address)
         if bucket is None:
             if len(self._buckets) >= self._FORGET_AFTER:
                 self._forget_idle()
             bucket = self._buckets[address] = RateLimiter(self.rate, self._clock)
-        return bucket
+        return bucket, trial
 
-    def close(self, address: str) -> None:
-        """A connection admitted by :meth:`open` closed."""
+    def refuse_trial(self) -> TooManyConnections:
+        """The refusal of a connection on trial that did not prove a stream it owns."""
+        return TooManyConnections(
+            f"too many ingest connections: the rest ({self.reserved}) are kept for streams "
+            f"the server already keeps; retry later")
+
+    def proven(self) -> None:
+        """A connection on trial proved a stream it owns: it stays, no longer on trial."""
+        self._on_trial -= 1
+
+    def close(self, address: str, trial: bool = False) -> None:
+        """A connection admitted by :meth:`open` closed (``trial``: still on trial)."""
+        self._on_trial -= trial
         n = self._open.get(address, 0) - 1
         if n > 0:
             self._open[address] = n

@@ -41,6 +41,13 @@ def check(st: RunState | None, rank: int, key: str | None) -> None:
             f"key in a hello first ({'no key was sent' if key is None else 'wrong key'})")
 
 
+def holds(st: RunState | None, rank: int, key: str | None) -> bool:
+    """Whether ``key`` is the key of the stored, keyed stream (``st``, ``rank``)."""
+    owned = None if st is None else st.keys.get(rank)
+    given = key_hash(key)
+    return owned is not None and given is not None and hmac.compare_digest(owned, given)
+
+
 def claim(st: RunState, rank: int, key: str | None) -> None:
     """Make a stream that this batch starts (no record of it stored yet) ``key``'s."""
     h = key_hash(key)

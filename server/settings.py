@@ -36,6 +36,8 @@ class Settings:
         max_ingest_connections: concurrent ``/ws/ingest`` connections (close 1013 above).
         ingest_idle_timeout: seconds an ingest connection may send nothing before it is
             closed (1001); the probe's streamer sends a ``hello`` every minute when idle.
+        ingest_hello_timeout: seconds a new ingest connection may take to send its first
+            frame (1001 after); the probe sends its ``hello`` at once.
         max_runs: runs the server will hold (new ones refused beyond).
         max_live_clients: concurrent ``/ws/live`` clients.
         live_backlog: step rows a live client may fall behind (past its queue) before it
@@ -72,6 +74,7 @@ class Settings:
     max_msgs_per_sec: float = 200.0
     max_ingest_connections: int = 256
     ingest_idle_timeout: float = 300.0
+    ingest_hello_timeout: float = 5.0
     max_runs: int = 1000
     max_live_clients: int = 200
     live_backlog: int = 100_000

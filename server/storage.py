@@ -213,6 +213,10 @@ class Store:
         owners.check(st, rank, key)
         return -1 if st is None else st.acked.get(rank, -1)
 
+    def owns(self, run_id: str, rank: int, key: str | None) -> bool:
+        """Whether ``key`` owns the stored stream (``run_id``, ``rank``)."""
+        return owners.holds(self._state(run_id), rank, key)
+
     def mark_interrupted(self, run_id: str) -> RunSummary | None:
         """A live run whose stream dropped without End: mark it interrupted."""
         st = self._state(run_id)

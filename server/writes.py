@@ -16,10 +16,15 @@ from typing import Any
 from gradwatch.frames import OptimizerView
 from gradwatch.server import prefix
 from gradwatch.server.batch import Batch, Entry, IngestResult
+from gradwatch.server.errors import InvalidStream
 from gradwatch.server.rows import Row, must_keep
 from gradwatch.server.runstate import RunState
 from gradwatch.server.steptable import C_STEP, PARAMS, PFRESH, RESETS, STEP_ROW, SUMMARY, StepCols
 from gradwatch.wire import End, Header, OptimizerInfo, Scalars, Stats
+
+MAX_OPTIMIZERS = 256
+"""Optimizers one run may hold: the dashboard draws a panel and a legend entry per
+optimizer, and thousands would keep a tab busy for seconds."""
 
 _INSERT_RECORD = "INSERT OR IGNORE INTO records(rid, rank, seq, kind, body) VALUES(?,?,?,?,?)"
 _INSERT_SCALARS = "INSERT OR IGNORE INTO scalars VALUES(?,?,?,?,?,?,?)"
@@ -132,6 +137,10 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch, res: Inges
             conn.execute("INSERT OR REPLACE INTO optimizers VALUES(?,?,?,?)",
                          (rid, rank, r.opt, e.body))
             if r.opt not in st.optimizers:
+                if len(st.optimizers) >= MAX_OPTIMIZERS:
+                    raise InvalidStream(
+                        f"a run holds at most {MAX_OPTIMIZERS} optimizers ({r.opt!r} would "
+                        f"be one more); watch fewer, or give parameter groups to one")
                 st.optimizers.append(r.opt)
             res.optimizers.append(OptimizerView(rank=rank, opt=r.opt, cls=r.cls,
                                                 params=r.params, shapes=r.shapes,

@@ -37,14 +37,15 @@ async def ingest(ws: WebSocket) -> None:
     address = ws.client.host if ws.client else "unknown"
     await ws.accept()
     try:
-        limiter = runs.gate.open(address)
+        limiter, trial = runs.gate.open(address)
     except Refused as e:
         await ws.close(ws_close.close_code(e), ws_close.short(e.reason))
         return
+    session = IngestSession(ws, runs, limiter, trial)
     try:
-        await IngestSession(ws, runs, limiter).run()
+        await session.run()
     finally:
-        runs.gate.close(address)
+        runs.gate.close(address, session.trial)
 
 
 @router.websocket("/ws/live")

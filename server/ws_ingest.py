@@ -5,6 +5,10 @@ frame order. The first refused frame closes the connection (code from
 :mod:`server.ws_close`) after the valid frames before it are stored and acked. The key of
 a connection's last ``hello`` per (run, rank) goes with each of its batches to storage,
 which refuses a keyed stream's batch without it (:mod:`server.owners`).
+
+The first frame must arrive within ``ingest_hello_timeout`` (a socket that sends nothing
+only holds a slot); a connection the gate admitted on trial (:class:`~server.limits.
+IngestGate`) must open with a hello whose key owns a stream the server keeps.
 """
 
 from __future__ import annotations
@@ -44,10 +48,13 @@ class IngestSession:
     PIPELINE = 4
     """Frames validated and handed to the writer ahead of their acks."""
 
-    def __init__(self, ws: WebSocket, runs: Runs, limiter: RateLimiter):
-        """``limiter``: the frame-rate budget of the client's address (shared)."""
+    def __init__(self, ws: WebSocket, runs: Runs, limiter: RateLimiter, trial: bool = False):
+        """``limiter``: the frame-rate budget of the client's address (shared); ``trial``:
+        admitted in the room kept for owned streams (its first hello must prove one)."""
         self.ws, self.runs = ws, runs
         self.limiter = limiter
+        self.trial = trial
+        """Still on trial (cleared once its hello proved an owned stream)."""
         self.pending: asyncio.Queue[_Resuming | _Storing | None] = asyncio.Queue(
             self.PIPELINE)
         self.sending_to: set[str] = set()
@@ -84,13 +91,18 @@ class IngestSession:
     async def _receive(self) -> Refused | None:
         """Read frames until the client leaves (None) or sends a refused one (the error)."""
         s, store = self.runs.settings, self.runs.store
+        first = True
         try:
             while True:
+                wait = min(s.ingest_hello_timeout, s.ingest_idle_timeout) if first else \
+                    s.ingest_idle_timeout
                 try:
-                    msg = await within(self.ws.receive(), s.ingest_idle_timeout)
+                    msg = await within(self.ws.receive(), wait)
                 except asyncio.TimeoutError:
-                    raise IdleConnection(f"idle for {s.ingest_idle_timeout:g} s: closed; "
-                                         f"reconnect to send more") from None
+                    raise IdleConnection(
+                        f"no frame within {wait:g} s of connecting: closed; send a hello "
+                        f"first" if first else f"idle for {wait:g} s: closed; reconnect to "
+                        f"send more") from None
                 if msg["type"] == "websocket.disconnect":
                     return None
                 text = msg.get("text")
@@ -100,6 +112,9 @@ class IngestSession:
                 check_size(text, s.max_frame_bytes)
                 self.limiter.take()
                 frame = await self.runs.parser.parse(text)
+                if first and self.trial:
+                    await self._prove(frame)
+                first = False
                 job: _Resuming | _Storing
                 if isinstance(frame, Hello):
                     self.keys[frame.run, frame.rank] = frame.key
@@ -114,6 +129,21 @@ class IngestSession:
             return e
         except WebSocketDisconnect:
             return None
+
+    async def _prove(self, frame: Any) -> None:
+        """Keep a connection on trial only if ``frame`` is a hello holding the key of a
+        stream the server keeps.
+
+        Raises:
+            TooManyConnections: it is not.
+        """
+        store = self.runs.store
+        if isinstance(frame, Hello) and frame.key is not None and await asyncio.wrap_future(
+                store.submit(store.owns, frame.run, frame.rank, frame.key)):
+            self.trial = False
+            self.runs.gate.proven()
+            return
+        raise self.runs.gate.refuse_trial()
 
     async def _acks(self) -> Refused | None:
         """Await stored batches in order; ack and publish each, stop at a refused one."""

@@ -142,7 +142,10 @@ def test_replay_resume_proves_ownership_with_the_log_key(tmp_path: Path) -> None
         r = gw("replay", str(log), "--server", srv.ws, "--resume", "--timeout", "5")
         assert r.returncode == 1 and "belongs to" in r.stderr, r.stdout + r.stderr
         assert srv.get("/api/runs/resumed")["steps"] == 48
-        key_file(log).write_text(key)
+        key_file(log).write_text(key)  # put back, but readable by others: not used
+        r = gw("replay", str(log), "--server", srv.ws, "--resume", "--timeout", "5")
+        assert r.returncode == 1 and "is open to other users (mode 0644" in r.stderr
+        key_file(log).chmod(0o600)
         r = gw("replay", str(log), "--server", srv.ws, "--resume")
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"the server had 50 records, sent {len(recs) - 50}" in r.stdout

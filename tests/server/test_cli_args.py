@@ -48,6 +48,7 @@ def test_every_limit_has_a_flag_whose_default_is_the_settings_default(
     flags = {"max_frame_bytes": "--max-frame-bytes", "max_msgs_per_sec": "--max-msgs-per-sec",
              "max_ingest_connections": "--max-ingest-connections",
              "ingest_idle_timeout": "--ingest-idle-timeout", "max_runs": "--max-runs",
+             "ingest_hello_timeout": "--ingest-hello-timeout",
              "max_live_clients": "--max-live-clients", "live_backlog": "--live-backlog",
              "send_timeout": "--send-timeout", "header_timeout": "--header-timeout",
              "max_header_bytes": "--max-header-bytes",

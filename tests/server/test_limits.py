@@ -19,8 +19,9 @@ class Clock:
 def test_connections_of_one_address_share_one_budget_and_the_cap_counts_all() -> None:
     clock = Clock()
     gate = IngestGate(max_connections=3, rate=1.0, clock=clock)
-    a1, a2 = gate.open("10.0.0.1"), gate.open("10.0.0.1")
-    b = gate.open("10.0.0.2")
+    (a1, _), (a2, _) = gate.open("10.0.0.1"), gate.open("10.0.0.1")
+    b, trial = gate.open("10.0.0.2")
+    assert trial  # the last of 3 is kept for owned streams
     assert a1 is a2 and a1 is not b
     with pytest.raises(TooManyConnections, match="limit is 3"):
         gate.open("10.0.0.3")
@@ -38,7 +39,7 @@ def test_connections_of_one_address_share_one_budget_and_the_cap_counts_all() ->
 def test_idle_addresses_are_forgotten_but_not_those_still_limited() -> None:
     clock = Clock()
     gate = IngestGate(max_connections=10_000, rate=1.0, clock=clock)
-    busy = gate.open("busy")
+    busy, _ = gate.open("busy")
     busy.take()
     busy.take()
     gate.close("busy")
@@ -47,6 +48,25 @@ def test_idle_addresses_are_forgotten_but_not_those_still_limited() -> None:
         gate.close(f"10.1.{i // 256}.{i % 256}")
     gate.open("one-more")  # past the limit: refilled, closed addresses are forgotten
     assert len(gate._buckets) < 10
-    assert gate.open("busy") is busy  # its empty bucket is kept: no fresh budget
+    assert gate.open("busy")[0] is busy  # its empty bucket is kept: no fresh budget
     with pytest.raises(TooManyFrames):
         busy.take()
+
+
+def test_a_quarter_of_the_connections_is_kept_for_owned_streams() -> None:
+    gate = IngestGate(max_connections=8, rate=1.0)
+    assert gate.reserved == 2
+    assert [gate.open("127.0.0.1")[1] for _ in range(6)] == [False] * 6
+    assert gate.open("127.0.0.1")[1]  # on trial: must prove a stream it owns
+    gate.close("127.0.0.1", trial=True)  # it did not
+    assert gate.open("127.0.0.1")[1]
+    gate.proven()  # this one did: it stays, and the room left is on trial again
+    assert gate.open("127.0.0.1")[1]
+    with pytest.raises(TooManyConnections):
+        gate.open("127.0.0.1")
+    gate.close("127.0.0.1")  # a general one left, but the proven one holds its room
+    assert gate.open("127.0.0.1")[1]
+    gate.close("127.0.0.1", trial=True)
+    gate.close("127.0.0.1")
+    gate.close("127.0.0.1")
+    assert not gate.open("127.0.0.1")[1]  # now the next one needs no proof

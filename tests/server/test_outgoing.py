@@ -78,7 +78,10 @@ def test_every_refusal_has_a_close_code_and_storage_refusals_an_http_status() ->
                      errors.IdleConnection: 1001, errors.SlowReader: 1013,
                      errors.StorageFailed: 1013,
                      errors.NameTaken: 1008,  # a rename's refusal: REST only, never a socket
-                     errors.InvalidLog: 1008}  # an import's: REST only
+                     errors.InvalidLog: 1008,  # an import's: REST only
+                     errors.LogTooBig: 1008,  # an import's: REST only
+                     errors.RunLive: 1008}  # a delete's: REST only
     assert STATUS == {errors.InvalidStream: 400, errors.RunLimitReached: 429,  # noqa: SIM300
                       errors.StoreBusy: 503, errors.NameTaken: 409,
-                      errors.StorageFailed: 507}
+                      errors.StorageFailed: 507, errors.LogTooBig: 413,
+                      errors.RunLive: 409}

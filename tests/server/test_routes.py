@@ -137,16 +137,18 @@ def test_the_rate_limit_is_per_address_not_per_connection(tmp_path: Path) -> Non
 
 
 def test_ingest_connections_are_capped_and_idle_ones_closed(tmp_path: Path) -> None:
-    s = app_settings(data_dir=tmp_path, max_ingest_connections=2, ingest_idle_timeout=0.5)
+    s = app_settings(data_dir=tmp_path, max_ingest_connections=4, ingest_idle_timeout=0.5)
     with TestClient(create_app(s)) as client:
         with client.websocket_connect("/ws/ingest") as a, \
-                client.websocket_connect("/ws/ingest") as b:
+                client.websocket_connect("/ws/ingest") as b, \
+                client.websocket_connect("/ws/ingest") as c:
             sent = time.monotonic()  # a's idle clock starts after this
-            for ws in (a, b):
+            for ws in (a, b, c):
                 ws.send_text(Hello(run="x").model_dump_json())
                 ws.receive_json()
-            with client.websocket_connect("/ws/ingest") as c:
-                e = closed_with(c)
+            with client.websocket_connect("/ws/ingest") as d:  # the one kept for owned
+                d.send_text(Hello(run="x").model_dump_json())  # streams: x is no such
+                e = closed_with(d)
             assert e.code == 1013 and "too many ingest connections" in e.reason
             e = closed_with(a)  # a sends nothing more: closed once idle
             assert e.code == 1001 and "idle" in e.reason
