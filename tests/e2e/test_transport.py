@@ -134,6 +134,6 @@ def test_a_hostile_number_closes_1007_on_a_real_server_without_a_traceback(
             with pytest.raises(ConnectionClosed) as e:
                 ws.recv(timeout=10)
         assert e.value.rcvd is not None and e.value.rcvd.code == 1007
-        assert "records.3.step.step" in e.value.rcvd.reason
+        assert "field 'step' of record 3 ('step')" in e.value.rcvd.reason
         assert srv.get("/api/runs") == {"runs": []}
     assert "Traceback" not in srv.log.read_text()
