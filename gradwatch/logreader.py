@@ -19,6 +19,7 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from gradwatch.gcpause import gc_paused
+from gradwatch.validation import plain_error
 from gradwatch.wire import PROTOCOL_VERSION, RECORDS_ADAPTER, Header, parse_record
 
 
@@ -31,13 +32,6 @@ class StepLogError(ValueError):
         self.path = str(path)
         self.line = line
         self.problem = problem
-
-
-def _describe(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(x) for x in first.get("loc", ()))
-    msg = first.get("msg", "invalid")
-    return f"{msg} (at {loc})" if loc else msg
 
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -163,7 +157,7 @@ def header_of(name: str, line: int, raw: bytes) -> Header:
         if not raw.lstrip().startswith(b"{"):
             raise StepLogError(name, line, "not a gradwatch step log (line 1 is not "
                                            "JSON)") from e
-        raise StepLogError(name, line, _describe(e)) from e
+        raise StepLogError(name, line, plain_error(e)) from e
     if not isinstance(rec, Header):
         raise StepLogError(name, line, f"the first line must be the header, found a "
                                        f"'{rec.type}' record")
@@ -205,7 +199,7 @@ def _one(name: str, line: int, raw: bytes, v: int, warnings: list[str]) -> Any:
         return parse_record(raw, v)
     except ValidationError as e:
         if raw.endswith(b"\n"):  # only the last line can lack its newline
-            raise StepLogError(name, line, _describe(e)) from e
+            raise StepLogError(name, line, plain_error(e)) from e
         warnings.append(f"{name}:{line}: last line is truncated (the writer stopped "
                         f"mid-line); ignored it")
         return None

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from pydantic import ValidationError
 
+from gradwatch.validation import plain_error
 from gradwatch.wire import Header, batch_json, parse_record
 
 log = logging.getLogger("gradwatch.stream")
@@ -117,7 +118,7 @@ class SpoolReader:
             except ValidationError as e:
                 self.dropped += 1
                 log.warning("gradwatch streamer: skipping an invalid spool line: %s",
-                            e.errors()[0].get("msg"))
+                            plain_error(e))
                 continue
             if rec.seq <= self.skip_le:
                 continue  # already on the server

@@ -2,7 +2,9 @@
 # The README's test command runs this: lint, types, then the whole pytest suite.
 # Browser tests need Debian's chromium, the plotly.js refresh test npm and the Docker test
 # docker.io; they are installed here when missing (root on Debian).
-# GRADWATCH_SKIP_DOCKER=1 skips the image test.
+# GRADWATCH_SKIP_DOCKER=1 skips the image test. pytest runs one worker per core
+# (GRADWATCH_TEST_WORKERS to choose; 0: none); tests that share an expensive module fixture
+# (the built wheel, the Docker engine, a DDP run) are one xdist_group, run by one worker.
 set -euo pipefail
 venv=${1:-.venv}
 bin=$venv/bin
@@ -25,4 +27,5 @@ echo "test: ruff"; "$bin/ruff" check .
 echo "test: mypy"; bash scripts/mypy.sh "$venv"
 mkdir -p test-artifacts
 echo "test: pytest"
-"$bin/python" -m pytest -q -ra "${@:2}"
+"$bin/python" -m pytest -q -ra -n "${GRADWATCH_TEST_WORKERS:-auto}" --dist loadgroup \
+  --durations=30 "${@:2}"

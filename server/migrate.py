@@ -29,6 +29,7 @@ from gradwatch.server.errors import NewerDatabase
 from gradwatch.server.files import private_files
 from gradwatch.server.steptable import PARAMS, PFRESH, step_columns
 from gradwatch.server.writes import ResetSets, step_row
+from gradwatch.validation import plain_error
 from gradwatch.wire import Step
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ def _from_2(conn: sqlite3.Connection, version: int) -> None:
                 s = Step.model_validate(d)
             except ValidationError as e:
                 log.warning("migration: a stored step record no longer validates, left out: "
-                            "%s", str(e).splitlines()[0])
+                            "%s", plain_error(e))
                 lost += 1
                 continue
             last_t[sid] = s.t

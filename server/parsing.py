@@ -28,6 +28,7 @@ from gradwatch.frames import Hello
 from gradwatch.gcpause import gc_paused
 from gradwatch.server.batch import Batch, batch_of
 from gradwatch.server.errors import InvalidFrame, UnreadableFrame
+from gradwatch.validation import plain_error
 from gradwatch.wire import IngestBatch
 
 log = logging.getLogger(__name__)
@@ -53,16 +54,12 @@ def parse_frame(text: str) -> Hello | Batch:
             return frame if isinstance(frame, Hello) else batch_of(frame)
     except ValidationError as e:
         err = e.errors()[0]
-        if err.get("type") == "json_invalid":
-            msg = str(err.get("ctx", {}).get("error", ""))
-            if msg.startswith("number out of range"):  # JSON, but an integer of 4300+ digits
-                raise InvalidFrame(f"invalid frame: {msg}: integers must fit in 64 "
-                                   f"bits") from None
+        detail = str(err.get("ctx", {}).get("error", ""))
+        # An integer of 4300+ digits is JSON all the same: an invalid frame, not unreadable.
+        if err.get("type") == "json_invalid" and not detail.startswith("number out of range"):
             raise UnreadableFrame("frame is not JSON; send IngestBatch JSON text "
                                   "frames") from None
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        raise InvalidFrame(f"invalid frame at {loc or 'top level'}: "
-                           f"{err.get('msg', 'invalid')}") from None
+        raise InvalidFrame(f"invalid frame: {plain_error(e, 'frame')}") from None
 
 
 PARSER_NICE = 10

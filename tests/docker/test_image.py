@@ -36,6 +36,8 @@ DOCKERFILE = REPO / "docker" / "Dockerfile"
 COMPOSE = REPO / "docker" / "compose.yaml"
 ARTIFACTS = REPO / "test-artifacts"
 SKIP = os.environ.get("GRADWATCH_SKIP_DOCKER") == "1"
+# One worker starts the engine and builds the image (xdist: loadgroup).
+pytestmark = pytest.mark.xdist_group("docker")
 skip_docker = pytest.mark.skipif(SKIP, reason="GRADWATCH_SKIP_DOCKER=1")
 
 log = logging.getLogger(__name__)

@@ -145,14 +145,12 @@ def test_ctrl_c_on_demo_prints_one_line(tmp_path: Path) -> None:
     assert after.strip().splitlines() == ["demo: stopped"], after
 
 
-def test_replay_to_an_unreachable_server_says_so_within_seconds(tmp_path: Path) -> None:
+def test_replay_to_an_unreachable_server_says_so_and_exits(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
     log.write_text(synth.log_text(synth.records(steps=5)))
     url = f"ws://127.0.0.1:{free_port()}"  # nothing listens there
-    t0 = time.monotonic()
     r = subprocess.run([*CLI, "replay", str(log), "--server", url], capture_output=True,
                        text=True, timeout=60)
-    assert time.monotonic() - t0 < 20  # torch-free start-up plus a refused connection
     assert r.returncode == 1
     assert f"cannot reach the server at {url}" in r.stderr and "Traceback" not in r.stderr
 

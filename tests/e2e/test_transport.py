@@ -62,10 +62,8 @@ def test_a_foreign_host_name_gets_403_on_http_and_websockets(tmp_path: Path) -> 
 def test_slow_or_huge_request_heads_are_cut_off(tmp_path: Path) -> None:
     with ServerProc(tmp_path / "data", None, "--header-timeout", "1",
                     "--max-header-bytes", "8192") as srv:
-        t = time.monotonic()
         silent = raw(srv.port, b"")  # connects, sends nothing
         trickle = raw(srv.port, b"GET /api/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-a: b")
-        assert time.monotonic() - t < 6
         assert silent.startswith(b"HTTP/1.1 408") and trickle.startswith(b"HTTP/1.1 408")
         big = raw(srv.port, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * 20000
                   + b"\r\n\r\n")
@@ -134,6 +132,6 @@ def test_a_hostile_number_closes_1007_on_a_real_server_without_a_traceback(
             with pytest.raises(ConnectionClosed) as e:
                 ws.recv(timeout=10)
         assert e.value.rcvd is not None and e.value.rcvd.code == 1007
-        assert "records.3.step.step" in e.value.rcvd.reason
+        assert "field 'step' of record 3 ('step')" in e.value.rcvd.reason
         assert srv.get("/api/runs") == {"runs": []}
     assert "Traceback" not in srv.log.read_text()

@@ -175,7 +175,8 @@ def test_crash_mid_run_leaves_complete_lines(tmp_path: Path) -> None:
         for i in range(4):
             m(torch.randn(2, 3)).sum().backward()  # zero_grad forgotten
             opt.step()
-        time.sleep(1.5)  # the writer flushes at least every second
+        while open({str(log)!r}).read().count('"type":"step"') < 4:
+            time.sleep(0.05)  # the writer flushes at least every second
         os.kill(os.getpid(), signal.SIGKILL)
     '''))
     r = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True,

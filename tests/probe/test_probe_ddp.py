@@ -74,6 +74,10 @@ def _worker(rank: int, world: int, out: str) -> None:
     os._exit(0)
 
 
+# The module's tests read one two-rank run: one worker makes it (xdist: loadgroup).
+pytestmark = pytest.mark.xdist_group("ddp")
+
+
 @pytest.fixture(scope="module")
 def ddp_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ddp")

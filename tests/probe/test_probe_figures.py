@@ -5,7 +5,6 @@ attribute read that never waits, and ``RecordWriter.settle()`` waits for the wri
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import torch
@@ -53,22 +52,25 @@ def test_latest_never_waits_for_a_busy_writer(tmp_path: Path) -> None:
         opt.step()
         assert h.writer.settle()
         before = h.latest()
-        stall = threading.Event()
+        stall, stuck = threading.Event(), threading.Event()
         emit = h.writer._emit
 
         def slow(item: object) -> None:  # the writer thread stuck on a record
-            stall.wait(10)
+            stuck.set()
+            stall.wait(300)  # the test opens it: a latest() that waited on it would hang
             emit(item)  # type: ignore[arg-type]
 
         h.writer._emit = slow  # type: ignore[method-assign]
         opt.zero_grad()
         loss_of(m, 1).backward()
         opt.step()
-        time.sleep(0.3)  # the writer has picked the step up and is stuck in it
-        t0 = time.perf_counter()
-        now = h.latest()
-        waited = time.perf_counter() - t0
-        assert now is before and waited < 0.05  # the last published figures, at once
+        assert stuck.wait(60)  # the writer has picked the step up and is stuck in it
+        got: list[object] = []
+        reader = threading.Thread(target=lambda: got.append(h.latest()))
+        reader.start()
+        reader.join(60)
+        assert got == [before] and got[0] is before  # the last published figures, at once
+        assert not stall.is_set()
         assert not h.writer.settle(timeout=0.2)  # settle() does wait, and says it timed out
         stall.set()
         assert h.writer.settle()

@@ -152,7 +152,7 @@ def test_ingest_connections_are_capped_and_idle_ones_closed(tmp_path: Path) -> N
             assert e.code == 1013 and "too many ingest connections" in e.reason
             e = closed_with(a)  # a sends nothing more: closed once idle
             assert e.code == 1001 and "idle" in e.reason
-            assert 0.5 <= time.monotonic() - sent < 5
+            assert time.monotonic() - sent >= 0.5  # not before its idle timeout
         with client.websocket_connect("/ws/ingest") as ws:  # the slots are free again
             ws.send_text(Hello(run="x").model_dump_json())
             assert ws.receive_json()["type"] == "resume"
