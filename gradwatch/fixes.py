@@ -73,37 +73,47 @@ def fix_of(kind: FindingKind, opt: str, where: Sequence[Where], reset_how: str |
 
 
 def explain(kind: FindingKind, opt: str, n: int, first: int, counts: Mapping[str, int],
-            worst: tuple[int, int, int]) -> str:
-    """A finding's message: ``opt`` did what over ``n`` steps from step ``first``, with its
-    :data:`~gradwatch.verdict.FINDING_FACTS` ``counts`` and, for ``missed_reset``, the worst
-    step as ``(step, contributions read, of which fresh)``."""
+            worst: tuple[int, int, int, int]) -> str:
+    """A finding's message, in backward passes and steps (the user's words, not the probe's
+    per-parameter counts): ``opt`` did what over ``n`` steps from step ``first``; for
+    ``missed_reset``, the worst step as ``(step, contributions read, of which fresh,
+    backward passes since the step before)`` (:data:`~gradwatch.verdict.FINDING_FACTS`
+    ``counts`` are not shown: they count (parameter, backward pass) pairs)."""
     steps = f"{n} step{'s' if n != 1 else ''} from step {first}"
-    stats = counts
-    worst_step, worst_consumed, worst_fresh = worst
     if kind == "missed_reset":
-        at_worst = ""
-        if worst_consumed > worst_fresh:
-            fresh = worst_fresh or "none"
-            at_worst = (f"; at worst, step {worst_step} read {worst_consumed} gradient "
-                     f"contributions where {fresh} {'was' if fresh == 1 else 'were'} fresh")
-        return (
-            f"{opt} re-applied gradients it had already stepped on, over {steps}, so each "
-            f"update repeats old ones ({stats['stale']} stale contributions{at_worst})."
-        )
+        return (f"{opt} re-applied gradients it had already stepped on, over {steps}: "
+                f"nothing cleared them between steps, so each update repeats old ones"
+                f"{_worst(*worst)}.")
     if kind == "cross_optimizer_leak":
-        return (
-            f"{opt} stepped on gradients left by a backward that another optimizer had "
-            f"already stepped on: {stats['leaked']} leaked contributions over {steps}."
-        )
+        return (f"{opt} stepped on gradients left by a backward pass that another optimizer "
+                f"had already stepped on, over {steps}.")
     if kind == "late_reset":
         return (
             f"{opt} stepped with no fresh gradient: a reset between backward() and step() "
             f"threw it away ({steps}); the optimizer updated on zeros or not at all."
         )
     return (
-        f"A reset threw away {stats['discarded']} gradient contributions before {opt} "
-        f"stepped on them ({steps}): each step used only part of its accumulation window."
+        f"A reset threw away gradients of backward passes before {opt} stepped on them "
+        f"({steps}): each step used only part of its accumulation window."
     )
+
+
+def _worst(step: int, consumed: int, fresh: int, backwards: int) -> str:
+    """``; step 7 applied the gradients of 60 backward passes; only the last 4 were new``.
+
+    A step reads ``fresh`` contributions from its own ``backwards`` passes, so one pass
+    wrote ``fresh / backwards`` of them and the ``consumed`` it read came from
+    ``consumed * backwards / fresh`` passes (parameters a pass does not reach make it an
+    estimate, bounded by one contribution at least per old pass)."""
+    if consumed <= fresh or backwards <= 0:
+        return ""
+    if fresh <= 0:
+        return f"; step {step} applied only gradients of earlier backward passes, none new"
+    passes = min(backwards + consumed - fresh,
+                 max(backwards + 1, round(consumed * backwards / fresh)))
+    new = "only the last one was new" if backwards == 1 else \
+        f"only the last {backwards} were new"
+    return f"; step {step} applied the gradients of {passes} backward passes; {new}"
 
 
 def _manual_fix(kind: FindingKind, where: Sequence[Where]) -> str:

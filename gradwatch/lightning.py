@@ -99,9 +99,14 @@ class GradwatchCallback(HasSession, Callback):
                            run_id=run,
                            labeler=_Labeler(opts, not pl_module.automatic_optimization))
         # the calls Lightning makes itself are named by the module's training_step
+        handle = self._session.handle
         step_fn = getattr(type(pl_module).training_step, "__code__", None)
-        if self._session.handle is not None and step_fn is not None:
-            self._session.handle.stand_in(step_fn)
+        if handle is not None and step_fn is not None:
+            handle.stand_in(step_fn)
+        hook = getattr(type(pl_module).optimizer_zero_grad, "__code__", None)
+        if (handle is not None and hook is not None and pl_module.automatic_optimization
+                and hook.co_qualname != "LightningModule.optimizer_zero_grad"):
+            handle.reset_hook(hook)  # the module's override: where Lightning resets for it
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:

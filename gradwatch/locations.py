@@ -100,6 +100,12 @@ def located_fix(kind: str, opt: str, where: Sequence[Where],
         after = f" (or after {step} at {at(s)})" if s else ""
         return (f"Move {reset} at {at(r)} before loss.backward() at {at(b)}{after}: a "
                 f"reset between backward() and step() throws the fresh gradient away.")
+    if kind == "missed_reset" and r and r.function.endswith(".optimizer_zero_grad"):
+        # a framework's reset hook the module overrides (Lightning): Lightning calls it
+        # before each step's backward, and the override is what does not reset
+        return (f"Make the optimizer_zero_grad hook at {at(r)} clear the gradients "
+                f"(optimizer.zero_grad() in it), or remove the override: the framework "
+                f"calls it once per step, before the backward, and it resets nothing.")
     if kind == "missed_reset" and r and b:
         after = f" (or right after {step} at {at(s)})" if s else ""
         return (f"Move {opt}.zero_grad() at {at(r)} into the loop, right before "

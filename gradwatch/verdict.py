@@ -92,6 +92,7 @@ class _Group:
     """missed_reset: the step that read the most contributions, and what it read."""
     worst_consumed: int = 0
     worst_fresh: int = 0
+    worst_backwards: int = 0
     reset_how: str | None = None
     """late_reset, discarded_accumulation: how the first offending reset was done."""
 
@@ -211,6 +212,7 @@ class Verdict:
             g.counts[counter] += n
             if kind == "missed_reset" and s.consumed > g.worst_consumed:
                 g.worst_step, g.worst_consumed, g.worst_fresh = s.step, s.consumed, s.fresh
+                g.worst_backwards = s.backwards
             if g.reset_how is None and kind in ("late_reset", "discarded_accumulation"):
                 g.reset_how = next((r.how for r in s.resets if (
                     r.after_backward if kind == "late_reset" else r.discarded)), None)
@@ -235,7 +237,8 @@ class Verdict:
                  for role, sid in g.where if (site := self._sites.get((g.stream, sid)))
                  and not (manual and role == "step")]  # seen at a boundary, not its line
         message = explain(g.kind, f"{opt} (the updates by hand)" if manual else opt, g.steps,
-                          g.first_step, g.counts, (g.worst_step, g.worst_consumed, g.worst_fresh))
+                          g.first_step, g.counts, (g.worst_step, g.worst_consumed, g.worst_fresh,
+                                                   g.worst_backwards))
         fix = fix_of(g.kind, opt, where, g.reset_how, manual)
         return Finding(
             kind=g.kind,

@@ -95,6 +95,13 @@ class WatchHandle:
         for role in ("backward", "step", "reset"):
             self.tracker.sites.stand_in(role, code)
 
+    def reset_hook(self, code: CodeType) -> None:
+        """The user's override of the framework's reset hook (a LightningModule's
+        ``optimizer_zero_grad``): it names the resets the framework makes, and a missed
+        reset names it as the line to change, even when it never resets (the framework
+        callbacks)."""
+        self.tracker.sites.reset_hook = code
+        self.tracker.sites.stand_in("reset", code)
     def _on_disable(self, reason: str) -> None:
         self.writer.put(self._stats(self.writer.dropped))
 

@@ -59,7 +59,7 @@ def _kind(frame: FrameType) -> int:
 class Sites:
     """The call sites of one watch session: ids from 1, each sent to ``emit`` once."""
 
-    __slots__ = ("_emit", "_kinds", "_by_key", "_by_line", "_stand_ins")
+    __slots__ = ("_emit", "_kinds", "_by_key", "_by_line", "_stand_ins", "reset_hook")
 
     def __init__(self, emit: Callable[[Site], None]) -> None:
         self._emit = emit
@@ -70,6 +70,15 @@ class Sites:
         self._by_line: dict[tuple[str, int, str], int] = {}
         self._stand_ins: dict[str, CodeType] = {}
         """Per role, the user's code to name where a framework makes the call."""
+        self.reset_hook: CodeType | None = None
+        """The user's override of the framework's reset hook (a LightningModule's
+        ``optimizer_zero_grad``): where resets belong, named by a missed reset even when
+        the override never resets."""
+
+    def hook_site(self) -> int:
+        """The site of :attr:`reset_hook` (its ``def`` line), 0 without one."""
+        code = self.reset_hook
+        return 0 if code is None else self._line(code, code.co_firstlineno)
 
     def stand_in(self, role: str, code: CodeType) -> None:
         """Name ``code`` (a function of the user's: a LightningModule's ``training_step``,

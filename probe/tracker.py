@@ -333,6 +333,8 @@ class Tracker:
         if isinstance(facts, JudgedStep):
             if facts.sites is not None:
                 facts.sites.step = self.sites.here("step")
+                if facts.tally.stale and not facts.sites.reset:  # no reset seen: the
+                    facts.sites.reset = self.sites.hook_site()  # hook meant to make it
             facts.roots = self.roots.take(facts.tally.bws)
         else:  # textbook: one backward, whose marker leads the hooks' list
             facts.roots = self.roots.take((-facts.hits[0],))

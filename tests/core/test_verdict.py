@@ -21,8 +21,11 @@ def test_missed_reset_is_one_finding_spanning_its_steps() -> None:
     assert (f.kind, f.optimizer, f.first_step, f.last_step, f.steps) == (
         "missed_reset", "SGD#0", 1, 3, 3)
     assert f.params == ["w", "b"]
-    assert "zero_grad" in f.fix and "12 stale" in f.message
-    assert "at worst, step 3 read 8 gradient contributions where 2 were fresh" in f.message
+    assert "zero_grad" in f.fix
+    # in backward passes, not per-parameter contributions: one pass writes both params
+    assert "step 3 applied the gradients of 4 backward passes; only the last one was new" \
+        in f.message
+    assert "contribution" not in f.message
 
 
 def test_each_fact_maps_to_its_kind() -> None:
@@ -61,15 +64,16 @@ def test_feed_returns_the_findings_a_record_changed() -> None:
 
 
 def test_the_worst_step_is_counted_as_the_log_shows_it_with_several_backwards() -> None:
-    """Accumulation over 4 backwards, zero_grad forgotten: step k reads 4 (k + 1)
-    contributions of which 4 are fresh. The message says so (not "21 backward passes'
-    worth where 1 was fresh", the ratio misread as passes)."""
+    """Accumulation over 4 backwards, zero_grad forgotten: step k reads the gradients of
+    4 (k + 1) backward passes, of which its own 4 are new. The message says so (not "21
+    backward passes' worth where 1 was fresh", the ratio misread as passes)."""
     recs: list[Any] = [optimizer(params=("w",))]
     for k in range(21):
         recs.append(step(2 + k, k, backwards=4, consumed=4 * (k + 1), fresh=4,
                          stale=4 * k, stale_params=[0] if k else []))
     [f] = verdict_of(recs).findings()
-    assert "at worst, step 20 read 84 gradient contributions where 4 were fresh" in f.message
+    assert ("step 20 applied the gradients of 84 backward passes; only the last 4 were new"
+            in f.message)
     assert "21" not in f.message
 
 

@@ -215,7 +215,7 @@ def _random_step(rng: random.Random) -> Step:
         "param_norms": per, "param_fresh_norms": per if rng.random() < 0.5 else norms(n),
         "sites": None if rng.random() < 0.5 else trusted(StepSites, {
             "step": rng.choice([None, 2]), "stale": [1], "leaked": [], "lost": [4, 5],
-            "fresh": []}),
+            "fresh": [], "reset": rng.choice([None, 6])}),
         "loss": norm(), "lr": None if rng.random() < 0.5 else [0.1, 1e-4][:rng.randint(1, 2)],
     }
     if rng.random() < 0.5 and isinstance(fields["norm"], float):  # drift as the probe makes it

@@ -72,10 +72,15 @@ def test_an_empty_zero_grad_hook_is_found_at_the_modules_lines(tmp_path: Path) -
                                                                   regression_data())
     (f,) = judged(log).findings()
     assert (f.kind, f.optimizer) == ("missed_reset", "self.optimizers()")
-    assert f.where, f
-    assert all(w.file.endswith("lit_models.py") and w.function.endswith("training_step")
-               for w in f.where), f.where
-    assert "site-packages" not in f.fix and "lightning" not in f.fix, f.fix
+    # first the empty hook, at its own line: the line to change; then training_step
+    assert [(w.role, w.function) for w in f.where] == [
+        ("reset", "NoReset.optimizer_zero_grad"), ("backward", "Regressor.training_step"),
+        ("step", "Regressor.training_step")], f.where
+    hook = NoReset.optimizer_zero_grad.__code__.co_firstlineno
+    assert all(w.file.endswith("lit_models.py") for w in f.where)
+    assert f.where[0].line == hook
+    assert f"optimizer_zero_grad hook at {f.where[0].file}:{hook}" in f.fix, f.fix
+    assert "site-packages" not in f.fix
 
 
 def test_manual_optimization_gan_is_clean_and_its_optimizers_are_named(

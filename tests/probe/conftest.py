@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import gradwatch
+from gradwatch.probe.watchargs import unwrap
 from gradwatch.steplog import read_log
 from gradwatch.verdict import verdict_of
 from gradwatch.wire import Finding, Step
@@ -43,6 +44,11 @@ def watched(tmp_path: Path) -> Callable[..., Any]:
     def run(opts: Any, loop: Callable[[], None], **kw: Any) -> Result:
         count[0] += 1
         path = tmp_path / f"run{count[0]}.jsonl"
+        if opts is not None and "names" not in kw:
+            # the probe's tests name optimizers by their ids (``SGD#0``), as records key
+            # them, not by this helper's variable: watch() would call them ``opts``
+            listed = list(opts) if isinstance(opts, (list, tuple)) else [opts]
+            kw["names"] = [f"{type(unwrap(o) or o).__name__}#{i}" for i, o in enumerate(listed)]
         with gradwatch.watch(opts, log=path, **kw):
             loop()
         log = read_log(path)
