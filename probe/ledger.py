@@ -58,6 +58,9 @@ _NO_LOSSES: dict[str, ResetLoss] = {}
 _NO_PARAMS: frozenset[int] = frozenset()
 """Shared, never written: what a step with no reset to judge hands over."""
 _BY_HAND = frozenset({"set_none", "zero_", "replaced"})
+_FIRST_WATCHED = 64
+"""Backwards watched at most before an optimizer's first step or reset (it is armed from
+attach so that a reset by hand before its first step is seen)."""
 Lost = tuple[ResetFact, int, list[int]]
 """A reset, a parameter, and the backwards of the contributions on it the reset threw away."""
 
@@ -144,6 +147,13 @@ class Ledger:
         ``.grad`` state before it (returned, completed by :meth:`backward_ends`) and
         measures its fresh part."""
         if self not in self.backwards.armed:
+            return None
+        if self.step == 0 and len(self.contents.hand.backwards) >= _FIRST_WATCHED:
+            # armed since attach and still no step nor reset (an optimizer not used yet):
+            # stop watching, or the state of every backward would pile up (their hits
+            # fold as plain contributions)
+            self.backwards.disarm(self)
+            self.contents.hand.backwards.clear()
             return None
         seen = self.contents.watch_backward(bw)
         self.norms.backward_begins(self.step, self.params, self.contents.old)
