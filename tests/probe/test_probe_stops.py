@@ -86,7 +86,7 @@ def _log(path: Path, rank: int, stop_at: int | None) -> None:
     finally:
         Ledger.plain_step = real  # type: ignore[method-assign]
     assert h.stopped() == (None if stop_at is None else (
-        f"nothing judged after step {stop_at - 1} of SGD#0: the probe turned itself off "
+        f"nothing judged after step {stop_at - 1} of opt: the probe turned itself off "
         "(ValueError: boom)"))
     lines = path.read_text().splitlines()  # one process here: its header says which rank
     head = json.loads(lines[0])
@@ -99,7 +99,7 @@ def test_check_names_the_rank_whose_probe_stopped(tmp_path: Path) -> None:
     _log(tmp_path / "r1.jsonl", 1, 1)
     logs = [read_log(tmp_path / "r0.jsonl"), read_log(tmp_path / "r1.jsonl")]
     assert verdict_of_logs(logs).stopped_text() == (
-        "nothing judged after step 0 of SGD#0 on rank 1: the probe turned itself off "
+        "nothing judged after step 0 of opt on rank 1: the probe turned itself off "
         "(ValueError: boom)")
     c = _run(["check", "r0.jsonl", "r1.jsonl"], tmp_path)
     assert c.returncode == 3, c.stdout + c.stderr
