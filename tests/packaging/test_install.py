@@ -151,28 +151,29 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     return _venv(tmp_path_factory.mktemp("venv") / "bare")
 
 
+def _installed(factory: pytest.TempPathFactory, name: str, line: str, checkout: Path) -> Venv:
+    """A fresh venv ``name`` that a README line installed into, run in the checkout."""
+    venv = _venv(factory.mktemp("venv") / name)
+    run_line(line, cwd=checkout, venv=venv)
+    return venv
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory, checkout: Path,
          readme_lines: tuple[list[str], list[str]]) -> Venv:
-    venv = _venv(tmp_path_factory.mktemp("venv") / "base")
-    run_line(readme_lines[0][0], cwd=checkout, venv=venv)
-    return venv
+    return _installed(tmp_path_factory, "base", readme_lines[0][0], checkout)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, checkout: Path,
            readme_lines: tuple[list[str], list[str]]) -> Venv:
-    venv = _venv(tmp_path_factory.mktemp("venv") / "server")
-    run_line(readme_lines[0][1], cwd=checkout, venv=venv)
-    return venv
+    return _installed(tmp_path_factory, "server", readme_lines[0][1], checkout)
 
 
 @pytest.fixture(scope="module")
 def wheel_server(tmp_path_factory: pytest.TempPathFactory, checkout: Path, dist: Dist,
                  readme_lines: tuple[list[str], list[str]]) -> Venv:
-    venv = _venv(tmp_path_factory.mktemp("venv") / "wheel")
-    run_line(readme_lines[1][1], cwd=checkout, venv=venv)
-    return venv
+    return _installed(tmp_path_factory, "wheel", readme_lines[1][1], checkout)
 
 
 def test_the_readme_installs_from_a_checkout_and_names_the_wheel_make_dist_builds(
