@@ -108,9 +108,9 @@ def located_fix(kind: str, opt: str, where: Sequence[Where],
                 f"calls it once per step, before the backward, and it resets nothing.")
     if kind == "missed_reset" and r and b:
         after = f" (or right after {step} at {at(s)})" if s else ""
-        return (f"Move {opt}.zero_grad() at {at(r)} into the loop, right before "
-                f"loss.backward() at {at(b)}{after}: it runs less often than {step}, so "
-                f"the steps between its calls apply old gradients again.")
+        return (f"Make {opt}.zero_grad() at {at(r)} run once per step, right before "
+                f"loss.backward() at {at(b)}{after}: between its calls, steps apply old "
+                f"gradients again.")
     if kind == "missed_reset" and (b or s):
         before = f"before loss.backward() at {at(b)}" if b else "before each loss.backward()"
         after = f" (or right after {step} at {at(s)})" if s else ""

@@ -65,8 +65,9 @@ def test_rerunning_a_training_cell_without_zero_grad_is_caught(
     assert out.startswith("gradwatch: 5 optimizer steps in this cell, 1 finding:")
     assert "missed_reset on opt, from step 5 (5 steps)" in out  # step 5 re-reads step 4's
     # the fix names the cell's own lines (the backward and the step of the broken cell)
-    assert re.search(r"fix: Call opt\.zero_grad\(\) before loss\.backward\(\) at "
-                     r"Cell In\[\d+\], line \d+", out), out
+    # the reset of the earlier (clean) cell is the one to make run once per step
+    assert re.search(r"fix: Make opt\.zero_grad\(\) at Cell In\[\d+\], line \d+ run once per "
+                     r"step, right before loss\.backward\(\) at Cell In\[\d+\], line \d+", out), out
     # the parameters' names, from the model found in memory (prefixed with its class when
     # other models are alive too)
     assert re.search(r"params: (Sequential\.)?0\.weight, (Sequential\.)?0\.bias", out), out
