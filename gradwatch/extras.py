@@ -36,7 +36,7 @@ class Requirement:
 
 TORCH = Requirement("torch", ("torch",), "install PyTorch where you train (pip install torch)")
 SERVER = Requirement("the server extra (fastapi, uvicorn)", ("fastapi", "uvicorn"),
-                     "pip install 'gradwatch[server]'")
+                     "pip install fastapi 'uvicorn[standard]'")
 LIGHTNING = Requirement("Lightning (the lightning or pytorch_lightning package)", ("lightning",),
                         "pip install lightning")
 TRANSFORMERS = Requirement("transformers", ("transformers",), "pip install transformers")

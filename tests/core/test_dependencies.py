@@ -121,7 +121,7 @@ def test_server_commands_without_the_server_extra_print_the_install_line(
     assert r.stdout == ""
     assert r.stderr == (f"gradwatch {command[0]} needs the server extra (fastapi, uvicorn), "
                         "which is not installed in this environment: "
-                        "pip install 'gradwatch[server]'\n")
+                        "pip install fastapi 'uvicorn[standard]'\n")
 
 
 def test_run_and_demo_without_torch_say_to_install_it(tmp_path: Path) -> None:

@@ -245,7 +245,7 @@ def test_the_base_install_checks_logs_and_names_what_it_lacks(
         r = base.run("gradwatch", command, cwd=tmp_path)
         assert r.returncode == 2
         assert ("needs the server extra (fastapi, uvicorn), which is not installed in this "
-                "environment: pip install 'gradwatch[server]'") in r.stderr.splitlines()[0]
+                "environment: pip install fastapi 'uvicorn[standard]'") in r.stderr.splitlines()[0]
         assert "Traceback" not in r.stderr
 
 
