@@ -144,28 +144,20 @@ def shares_graph(first: Any, second: Any) -> bool:
     """Whether the graph from ``second`` runs through a node of the graph from ``first``
     other than a parameter's (two backwards from one forward's graph, the first retained:
     separate forwards of one model share only their leaves' ``AccumulateGrad`` nodes)."""
-    seen = _nodes(first)
-    todo = [t.grad_fn for t in _tensors(second)]
-    done: set[Any] = set()
-    while todo and len(done) < _MAX_NODES:
-        fn = todo.pop()
-        if fn is None or fn in done or getattr(fn, "variable", None) is not None:
-            continue
-        if fn in seen:
-            return True
-        done.add(fn)
-        todo.extend(f for f, _ in fn.next_functions)
-    return False
+    return _nodes(second, _nodes(first)) is None
 
 
-def _nodes(roots: Any) -> set[Any]:
-    """The nodes of the graph from ``roots`` that are no leaf's (at most :data:`_MAX_NODES`)."""
+def _nodes(roots: Any, stop: set[Any] | None = None) -> set[Any] | None:
+    """The nodes of the graph from ``roots`` that are no leaf's (at most
+    :data:`_MAX_NODES`); None as soon as one of them is in ``stop``."""
     todo = [t.grad_fn for t in _tensors(roots)]
     seen: set[Any] = set()
     while todo and len(seen) < _MAX_NODES:
         fn = todo.pop()
         if fn is None or fn in seen or getattr(fn, "variable", None) is not None:
             continue
+        if stop is not None and fn in stop:
+            return None
         seen.add(fn)
         todo.extend(f for f, _ in fn.next_functions)
     return seen

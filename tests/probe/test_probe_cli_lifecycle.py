@@ -141,6 +141,19 @@ def _script(tmp_path: Path, text: str) -> Path:
     return p
 
 
+def _run_by_hand(tmp_path: Path, text: str, bug: bool) -> tuple[Any, list[Step], OptimizerInfo]:
+    """``gradwatch run`` on ``text`` (with ``--bug`` when ``bug``): the result, the steps
+    and the first optimizer's record."""
+    script = _script(tmp_path, text)
+    log = tmp_path / "hand.jsonl"
+    r = _run(["run", "--log", str(log), "--", str(script), *(["--bug"] if bug else [])],
+             tmp_path)
+    assert r.returncode == 0, r.stderr
+    records = read_log(log).records
+    info = next(x for x in records if isinstance(x, OptimizerInfo))
+    return r, [s for s in records if isinstance(s, Step)], info
+
+
 def _check_json(log: Path, tmp_path: Path) -> tuple[int, dict[str, Any]]:
     c = _run(["check", "--json", str(log)], tmp_path)
     return c.returncode, json.loads(c.stdout)
@@ -188,18 +201,12 @@ def test_word_language_model_under_run(tmp_path: Path, bug: bool) -> None:
 def test_plain_tensors_by_hand_under_run(tmp_path: Path, bug: bool) -> None:
     """Every one of the 20 updates by hand is a step, numbered 0..19, each applying one
     backward (the first is not merged into a later one, the last closes at exit)."""
-    script = _script(tmp_path, PLAIN)
-    log = tmp_path / "plain.jsonl"
-    r = _run(["run", "--log", str(log), "--", str(script), *(["--bug"] if bug else [])],
-             tmp_path)
-    assert r.returncode == 0, r.stderr
+    r, steps, info = _run_by_hand(tmp_path, PLAIN, bug)
     assert "gradwatch: 20 optimizer steps" in r.stderr
-    steps = [s for s in read_log(log).records if isinstance(s, Step)]
     assert [(s.opt, s.step, s.backwards) for s in steps] == [
         ("manual", i, 1) for i in range(20)]
-    info = next(x for x in read_log(log).records if isinstance(x, OptimizerInfo))
     assert info.manual and sorted(info.params) == ["W", "b"]
-    code, out = _check_json(log, tmp_path)
+    code, out = _check_json(tmp_path / "hand.jsonl", tmp_path)
     assert out["summary"]["manual_steps"] == 20
     kinds = [(f["kind"], f["optimizer"], f["first_step"]) for f in out["findings"]]
     assert kinds == ([("missed_reset", "manual", 1)] if bug else [])
