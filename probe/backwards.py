@@ -13,12 +13,15 @@ purpose).
 
 from __future__ import annotations
 
+import weakref
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from gradwatch.probe.deliberate import wrote_input_grad
+import torch
+
+from gradwatch.probe.deliberate import shares_graph, tensors_of, wrote_input_grad
 
 if TYPE_CHECKING:
     from gradwatch.probe.ledger import Ledger
@@ -38,7 +41,7 @@ class Backwards:
 
     __slots__ = ("last", "phase", "_stepped", "_first", "_observed", "armed", "lossy",
                  "_ledgers", "_site_bws", "_site_ids", "roots", "roots_bw", "held",
-                 "phase_began", "_walked")
+                 "phase_began", "_walked", "retained", "through")
 
     def __init__(self, held: Mapping[Any, Any] | None = None) -> None:
         self.last = 0
@@ -70,6 +73,12 @@ class Backwards:
         """The parameters some watched optimizer holds (any container)."""
         self._walked: tuple[int, bool] = (0, False)
         """The last graph walked: ``(backward, whether it wrote an input's gradient)``."""
+        self.retained: tuple[int, list[weakref.ref[torch.Tensor]]] | None = None
+        """The last backward, when it retained its graph: its number and its roots, weakly
+        (the graph must not outlive the user's reference)."""
+        self.through: set[int] = set()
+        """Backwards of this phase whose retained graph the next backward ran through, seen
+        while a reset's loss awaited the step (loss surgery, :mod:`~gradwatch.probe.deliberate`)."""
 
     @property
     def first_consumers(self) -> int:
@@ -81,16 +90,27 @@ class Backwards:
         self._ledgers += 1
         return self._ledgers - 1
 
-    def begin(self, site: int = 0, roots: Any = None) -> int:
-        """A backward starts, called at ``site`` from ``roots``: its number (after a step,
-        it starts a new phase)."""
+    def begin(self, site: int = 0, roots: Any = None, tensors: Any = None) -> int:
+        """A backward starts, called at ``site`` from ``roots`` (None when it retains its
+        graph; ``tensors`` as passed): its number (after a step, it starts a new phase)."""
         bw = self.last = self.last + 1
         if self._stepped:
             self.phase += 1
             self._stepped = False
             self.phase_began = True
+            self.through.clear()
         else:
             self.phase_began = False
+        kept = self.retained
+        if kept is not None and self.lossy and kept[0] == bw - 1:
+            # a reset lost the last backward's contributions: did it retain the graph this
+            # backward runs through? (walked only then: rare)
+            first = [t for r in kept[1] if (t := r()) is not None]
+            if first and shares_graph(first, tensors):
+                self.through.add(kept[0])
+        self.retained = None
+        if roots is None and tensors is not None:
+            self.retained = (bw, [weakref.ref(t) for t in tensors_of(tensors)])
         ids = self._site_ids
         if site and (not ids or ids[-1] != site):
             self._site_bws.append(bw)

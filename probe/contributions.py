@@ -76,9 +76,11 @@ class Contributions:
     def found(self, ks: Iterable[int]) -> None:
         """Parameters ``ks`` were just hooked: content their gradients already hold is fresh
         for the next step, never judged as discarded or late (its origin was not seen)."""
+        bw = 0  # one backward for all the content found together, not one per parameter
         for k in ks:
             if self.params[k].grad is not None:
-                self.new[k].append(self.backwards.found())
+                bw = bw or self.backwards.found()
+                self.new[k].append(bw)
                 self.dirty = True
 
     # ---------------------------------------------------------------- hits

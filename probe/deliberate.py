@@ -14,11 +14,17 @@ also a reset inside an accumulation window). What else happens tells them apart:
   that is no parameter (the input perturbation), found by walking its graph.
 - *Gradient surgery* (PCGrad): the gradient the step read was written by hand after the
   backwards: other ``.grad`` objects than the last backward left.
+- *Loss surgery through one retained graph* (actor-critic): a backward with
+  ``retain_graph=True``, a reset of the parameters the next backward refills (the critic's,
+  removing the actor loss's share), that next backward through the same graph, one step.
+  Seen as the second backward's graph running through a node of the first's (not merely a
+  parameter's: separate forwards share those), and every parameter the reset emptied
+  refilled before the step; a reset between micro-batches of separate forwards stays a bug.
 - *A per-layer freeze* (DINO's ``cancel_gradients_last_layer``): resets of some parameters
   only (not an optimizer's ``zero_grad``) left whole layers with nothing before the step,
   while the rest stepped on fresh gradients. Half a layer dropped is still a late reset.
 
-The first two are judged when the reset's removal is seen, the last two at the step. All run
+The first two are judged when the reset's removal is seen, the last three at the step. All run
 only when a reset threw contributions away, except the version snapshot each phase (at most
 :data:`_SAMPLE` reads a step, whatever the model's size).
 """
@@ -132,6 +138,34 @@ def wrote_input_grad(roots: Any, held: Mapping[Any, Any]) -> bool:
             continue
         todo.extend(f for f, _ in fn.next_functions)
     return False
+
+
+def shares_graph(first: Any, second: Any) -> bool:
+    """Whether the graph from ``second`` runs through a node of the graph from ``first``
+    other than a parameter's (two backwards from one forward's graph, the first retained:
+    separate forwards of one model share only their leaves' ``AccumulateGrad`` nodes)."""
+    return _nodes(second, _nodes(first)) is None
+
+
+def _nodes(roots: Any, stop: set[Any] | None = None) -> set[Any] | None:
+    """The nodes of the graph from ``roots`` that are no leaf's (at most
+    :data:`_MAX_NODES`); None as soon as one of them is in ``stop``."""
+    todo = [t.grad_fn for t in _tensors(roots)]
+    seen: set[Any] = set()
+    while todo and len(seen) < _MAX_NODES:
+        fn = todo.pop()
+        if fn is None or fn in seen or getattr(fn, "variable", None) is not None:
+            continue
+        if stop is not None and fn in stop:
+            return None
+        seen.add(fn)
+        todo.extend(f for f, _ in fn.next_functions)
+    return seen
+
+
+def tensors_of(roots: Any) -> list[torch.Tensor]:
+    """The tensors among ``roots`` (a tensor, or a list or tuple of them)."""
+    return _tensors(roots)
 
 
 def _tensors(roots: Any) -> list[torch.Tensor]:

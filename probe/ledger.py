@@ -258,6 +258,8 @@ class Ledger:
                 gone = lost(uid, bws)
                 if gone:
                     (discarded if tally.had_fresh(k) else late).append((reset, k, gone))
+        if discarded and self.backwards.through:
+            discarded = self._not_surgery(discarded, late)
         deliberate = self.deliberate
         if (discarded or late) and deliberate.left is not None:
             grads = self.reader.grads(self.params)
@@ -290,6 +292,16 @@ class Ledger:
                                     {s for b in tally.bws if (s := site_of(b))},
                                     self.reset_site if tally.stale else 0)
         return facts
+
+    def _not_surgery(self, discarded: list[Lost], late: list[Lost]) -> list[Lost]:
+        """``discarded`` without the losses of loss surgery through one retained graph: a
+        reset that emptied only parameters refilled before the step (none of it ``late``),
+        of contributions only from backwards whose retained graph the next one ran
+        through."""
+        through = self.backwards.through
+        bad = {id(r) for r, _, _ in late}
+        bad.update(id(r) for r, _, gone in discarded if not through.issuperset(gone))
+        return [x for x in discarded if id(x[0]) in bad]
 
     def _fresh_params(self) -> set[int]:
         """The parameters that got a fresh contribution consumed at this step."""

@@ -250,7 +250,7 @@ class Tracker:
             if unowned.active:  # parameters updated by hand since the last backward: a step
                 unowned.boundary()
             b = self.backwards
-            bw = b.begin(self.sites.here("backward"), roots)
+            bw = b.begin(self.sites.here("backward"), roots, tensors)
             self.roots.note(bw, tensors)
             if b.phase_began:
                 for led in self.ledgers.values():

@@ -15,10 +15,11 @@ A leaf that changed while it held a gradient was updated by hand: that update co
 gradient, a step of the virtual optimizer (:mod:`gradwatch.probe.manual`), which the leaf
 joins. An ``nn.Parameter`` joins at once. A plain tensor may be made anew for each batch and
 dropped after a few updates (an adversarial perturbation), and joining would hold it alive
-for good; so it joins once it has lived through a step of a watched optimizer or, in a
-session that watches none (a loop with no optimizer), once followed for :data:`AGE`
-boundaries, unless a plain tensor of its shape that joined before is no longer reached by
-the backwards (then tensors are being made anew: no more join that way).
+for good; so beside a watched optimizer it joins once it has lived through one of its steps.
+In a session that watches none (a loop with no optimizer, whose plain tensors are its
+parameters) it joins at its first update, so that every update is judged, unless a plain
+tensor of its shape that joined before is no longer reached by the backwards (then tensors
+are being made anew: no more join that way, and at most one of them is held).
 
 A leaf that stays unchanged for :data:`PROBATION` boundaries is *settled*, looked at again
 only every :data:`SLOW` boundaries; a settled ``nn.Parameter`` is *untrained* once
@@ -58,23 +59,20 @@ MIN_STEPS = 2
 """Optimizer steps in the run, since a parameter was first seen, before it is untrained."""
 SLOW = 64
 """A settled leaf is looked at once every this many boundaries."""
-AGE = 4
-"""Boundaries a plain tensor is followed before it may join ``manual`` with no optimizer."""
 MAX_LEAVES = 10_000
 """Leaves followed at most (more are left alone)."""
 _MAX_NAMED = 1000
 
 
 class _Leaf:
-    __slots__ = ("ref", "param", "first", "last", "tick0", "steps0", "real0", "ver", "norm",
-                 "quiet", "walks")
+    __slots__ = ("ref", "param", "first", "last", "steps0", "real0", "ver", "norm", "quiet",
+                 "walks")
 
-    def __init__(self, t: torch.Tensor, bw: int, tick: int, steps: int, real: int) -> None:
+    def __init__(self, t: torch.Tensor, bw: int, steps: int, real: int) -> None:
         self.ref = weakref.ref(t)
         self.param = isinstance(t, torch.nn.Parameter)
         self.first = self.last = bw
         """The backwards of the first and the last walk that found it."""
-        self.tick0 = tick
         self.steps0 = steps
         """Steps of every optimizer (``manual`` included) when it was found."""
         self.real0 = real
@@ -151,7 +149,7 @@ class Unowned:
                 self.elsewhere[key] = weakref.ref(t)
                 continue
             if len(self.probation) + len(self.settled) < MAX_LEAVES:
-                self.probation[key] = _Leaf(t, bw, self.tick, steps, real)
+                self.probation[key] = _Leaf(t, bw, steps, real)
         if hit:
             self.reaching += 1
             if not self.reaching & (self.reaching - 1):  # sent again at 1, 2, 4, 8, ...
@@ -266,7 +264,7 @@ class Unowned:
         """Whether a plain tensor updated by hand may join ``manual`` (module docstring)."""
         if real > lf.real0:
             return True  # lived through an optimizer's step: not made anew for a batch
-        if (real or self.churn or self.tick - lf.tick0 < AGE
+        if (real or self.churn
                 or len(self.tracker.ledgers) > (self.manual.led is not None)):
             return False  # an optimizer is watched: it has to live through one's step
         shape = tuple(t.shape)

@@ -86,6 +86,27 @@ WORD_LM = textwrap.dedent('''
             p.data.add_(p.grad, alpha=-lr)
 ''')
 
+PLAIN = textwrap.dedent('''
+    # plain tensors as parameters, no torch.optim: reset, backward, update under no_grad
+    import sys
+    import torch
+
+    torch.manual_seed(0)
+    W = torch.randn(4, 2, requires_grad=True)
+    b = torch.zeros(2, requires_grad=True)
+    lr = 0.1
+    for i in range(20):
+        x, y = torch.randn(8, 4), torch.randn(8, 2)
+        loss = ((x @ W + b - y) ** 2).mean()
+        if W.grad is not None and "--bug" not in sys.argv:
+            W.grad.zero_()
+            b.grad.zero_()
+        loss.backward()
+        with torch.no_grad():
+            W -= lr * W.grad
+            b -= lr * b.grad
+''')
+
 LIFECYCLE = textwrap.dedent('''
     import copy, sys
     import torch
@@ -118,6 +139,19 @@ def _script(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "train.py"
     p.write_text(text)
     return p
+
+
+def _run_by_hand(tmp_path: Path, text: str, bug: bool) -> tuple[Any, list[Step], OptimizerInfo]:
+    """``gradwatch run`` on ``text`` (with ``--bug`` when ``bug``): the result, the steps
+    and the first optimizer's record."""
+    script = _script(tmp_path, text)
+    log = tmp_path / "hand.jsonl"
+    r = _run(["run", "--log", str(log), "--", str(script), *(["--bug"] if bug else [])],
+             tmp_path)
+    assert r.returncode == 0, r.stderr
+    records = read_log(log).records
+    info = next(x for x in records if isinstance(x, OptimizerInfo))
+    return r, [s for s in records if isinstance(s, Step)], info
 
 
 def _check_json(log: Path, tmp_path: Path) -> tuple[int, dict[str, Any]]:
@@ -161,6 +195,22 @@ def test_word_language_model_under_run(tmp_path: Path, bug: bool) -> None:
     assert kinds == ([("missed_reset", "manual", 1)] if bug else [])
     if bug:
         assert "encoder.weight" in out["findings"][0]["params"]
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_plain_tensors_by_hand_under_run(tmp_path: Path, bug: bool) -> None:
+    """Every one of the 20 updates by hand is a step, numbered 0..19, each applying one
+    backward (the first is not merged into a later one, the last closes at exit)."""
+    r, steps, info = _run_by_hand(tmp_path, PLAIN, bug)
+    assert "gradwatch: 20 optimizer steps" in r.stderr
+    assert [(s.opt, s.step, s.backwards) for s in steps] == [
+        ("manual", i, 1) for i in range(20)]
+    assert info.manual and sorted(info.params) == ["W", "b"]
+    code, out = _check_json(tmp_path / "hand.jsonl", tmp_path)
+    assert out["summary"]["manual_steps"] == 20
+    kinds = [(f["kind"], f["optimizer"], f["first_step"]) for f in out["findings"]]
+    assert kinds == ([("missed_reset", "manual", 1)] if bug else [])
+    assert code == (1 if bug else 0)
 
 
 @pytest.mark.parametrize("how", ["replaced", "copy"])

@@ -206,3 +206,68 @@ def test_dropping_more_or_less_than_whole_layers_is_late(watched: Any, cancel: A
     late = {p for f in r.findings for p in f.params}
     assert late == ({"0.weight"} if cancel is _cancel_half_a_layer else
                     {n for n, p in student.named_parameters() if p.requires_grad})
+
+
+class _ActorCritic(torch.nn.Module):
+    """A shared trunk, an actor head and a critic head (the critic reads the actor's
+    action, so the actor loss also writes the critic's gradients)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk = torch.nn.Linear(6, 8)
+        self.actor = torch.nn.Linear(8, 2)
+        self.critic = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.Tanh(),
+                                          torch.nn.Linear(8, 1))
+
+
+def _actor_critic(how: str) -> tuple[_ActorCritic, torch.optim.Optimizer,
+                                     Callable[[], None]]:
+    """``retained``: the actor loss's backward with ``retain_graph=True``, the critic's
+    gradients reset, the critic loss's backward through the same graph, one step.
+    ``micro``: the same reset between two micro-batches of separate forwards (a bug)."""
+    net = _ActorCritic()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+
+    def losses(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        s, target = torch.randn(16, 6, generator=g), torch.randn(16, 1, generator=g)
+        h = torch.tanh(net.trunk(s))
+        a = torch.tanh(net.actor(h))
+        q = net.critic(torch.cat([h, a], 1))
+        return -q.mean(), ((q - target) ** 2).mean()
+
+    def loop() -> None:
+        for i in range(STEPS):
+            opt.zero_grad(set_to_none=True)
+            if how == "retained":
+                actor_loss, critic_loss = losses(i)
+                actor_loss.backward(retain_graph=True)
+                net.critic.zero_grad(set_to_none=True)  # the actor loss's share, removed
+                critic_loss.backward()
+            else:
+                # retained too: only the graph the next backward runs through tells them apart
+                losses(2 * i)[1].backward(retain_graph=True)
+                net.critic.zero_grad(set_to_none=True)  # throws micro-batch 1 away
+                losses(2 * i + 1)[1].backward()
+            opt.step()
+
+    return net, opt, loop
+
+
+def test_actor_critic_through_one_retained_graph(watched: Any, tmp_path: Path) -> None:
+    """Loss surgery through one retained graph is correct: every step clean, two backwards
+    each, under watch() and gradwatch run."""
+    _, opt, loop = _actor_critic("retained")
+    _clean(watched(opt, loop), "Adam#0", STEPS, backwards=2)
+    _clean(_auto(tmp_path, lambda: _actor_critic("retained")[2]()), "Adam#0", STEPS,
+           backwards=2)  # the optimizer made under the watch, as gradwatch run sees it
+
+
+def test_a_reset_between_micro_batches_of_separate_forwards_stays_a_finding(
+        watched: Any) -> None:
+    _, opt, loop = _actor_critic("micro")
+    r = watched(opt, loop)
+    assert r.kinds() == [("discarded_accumulation", "Adam#0", 0, STEPS)]
+    assert r.findings[0].params == [f"group0.param{k}" for k in range(4, 8)]  # the critic's
+    assert all(s.discarded == 4 for s in r.steps("Adam#0"))

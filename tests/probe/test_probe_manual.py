@@ -168,9 +168,9 @@ def test_parameters_updated_in_place(watched: Any, form: str, reset: str) -> Non
 
 @pytest.mark.parametrize("reset", ["zero_", "set_none", "none"])
 def test_plain_leaf_tensors(watched: Any, reset: str) -> None:
-    """``W = torch.randn(4, 2, requires_grad=True)``: a plain tensor joins ``manual`` after a
-    few updates (a perturbation made anew per batch must not be held), named after its
-    variable."""
+    """``W = torch.randn(4, 2, requires_grad=True)``: in a loop with no optimizer a plain
+    tensor joins ``manual`` at its first update, so every update is a step (the last one
+    closed when the watch ends), named after its variable."""
     torch.manual_seed(0)
     W = torch.randn(4, 2, requires_grad=True)
     b = torch.zeros(2, requires_grad=True)
@@ -190,14 +190,17 @@ def test_plain_leaf_tensors(watched: Any, reset: str) -> None:
 
     r = watched(None, loop)
     steps = _manual(r)
-    assert len(steps) == 18  # joined at its third update, then every one
+    assert [s.step for s in steps] == list(range(20))
+    assert all(s.backwards == 1 for s in steps)  # one update each
     info = next(x for x in r.records if isinstance(x, OptimizerInfo))
     assert sorted(info.params) == ["W", "b"]
     if reset == "none":
         [f] = r.findings
-        assert (f.kind, f.optimizer, f.first_step) == ("missed_reset", "manual", 1)
+        assert (f.kind, f.optimizer, f.first_step, f.steps) == ("missed_reset", "manual", 1, 19)
+        assert [s.stale for s in steps] == [2 * i for i in range(20)]
     else:
         assert r.findings == []
+        assert all(s.fresh == 2 and s.stale == 0 for s in steps)
 
 
 @pytest.mark.parametrize("zero_inside", [False, True])
