@@ -99,5 +99,7 @@ def test_a_lone_surrogate_in_a_name_is_refused_on_ingest_and_import(tmp_path: Pa
             ws.send(frame)
             with pytest.raises(ConnectionClosed) as c:
                 ws.recv(timeout=10)
-        assert c.value.rcvd is not None and c.value.rcvd.code == 1007, c.value.rcvd
+        # a lone surrogate is not JSON text: the frame is refused before any record is read
+        assert c.value.rcvd is not None and c.value.rcvd.code == 1003, c.value.rcvd
+        assert "not JSON" in c.value.rcvd.reason
         assert srv.get("/api/runs") == {"runs": []}
