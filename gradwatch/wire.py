@@ -26,6 +26,7 @@ packs per-parameter arrays, version 3 also leaves out a clean step's counts
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
@@ -103,8 +104,43 @@ ARGV_MAX_CHARS = 32768
 """The most characters all ``argv`` items of a header may carry together."""
 NAME_MAX_CHARS = 1000
 """The longest parameter name a record may carry (the probe shortens longer ones)."""
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+                      "\ud800-\udfff]")
+"""What a name may not hold: C0/C1 controls, bidirectional-text controls (a name holding
+one can show reversed or reorder the text around it) and lone surrogates (not text)."""
+
+
+def name_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a name shown to people (run, optimizer, label, parameter), as
+    the end of a sentence; None when it can. The one rule for ingest, import and rename."""
+    m = _UNSHOWN.search(text)
+    if m is None:
+        return None
+    c = m.group()
+    if "\ud800" <= c <= "\udfff":
+        return f"must be valid Unicode text (it holds a lone surrogate U+{ord(c):04X})"
+    if c < "\x20" or "\x7f" <= c <= "\x9f":
+        return (f"cannot hold control characters (newlines, tabs, escapes; it holds "
+                f"U+{ord(c):04X})")
+    return (f"cannot hold bidirectional-text controls (U+202A-202E, U+2066-2069, U+200E/200F, "
+            f"U+061C; it holds U+{ord(c):04X}): they make a name read as something else")
+
+
+def shown(text: str) -> str:
+    """``text`` with what :func:`name_problem` refuses written as escapes (``\\u202e``,
+    ``\\x1b``): the same text on any reader, and idempotent."""
+    if _UNSHOWN.search(text) is None:
+        return text
+    return _UNSHOWN.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+Shown = AfterValidator(shown)
+"""A name in a record (run, optimizer, label, parameter): read with :func:`shown`. Escaped,
+not refused: a step log is a record of a run that already happened, and a new version must
+still read an old log whose name holds such a character (a right-to-left mark in a Hebrew
+run name, a tab in a ``ModuleDict`` key). A rename, typed now, is refused instead."""
 ArgItem = Annotated[str, Field(max_length=ARG_MAX_CHARS)]
-ParamName = Annotated[str, Field(max_length=NAME_MAX_CHARS)]
+ParamName = Annotated[str, Field(max_length=NAME_MAX_CHARS), Shown]
 
 
 def clip(text: str, limit: int) -> str:
@@ -156,7 +192,7 @@ class Header(_Record):
     v: int = PROTOCOL_VERSION
     run: RunId
     """Run id shared by every rank of one training job."""
-    run_name: str = Field(max_length=200)
+    run_name: Annotated[str, Shown] = Field(max_length=200)
     rank: NonNegInt = 0
     world_size: Annotated[int, Field(ge=1, le=INT64_MAX)] = 1
     torch_version: str = Field(max_length=64)
@@ -226,7 +262,7 @@ class OptimizerInfo(_Record):
     """
 
     type: Literal["optimizer"] = "optimizer"
-    opt: str = Field(min_length=1, max_length=200)
+    opt: Annotated[str, Shown] = Field(min_length=1, max_length=200)
     """Display name, unique in the run, e.g. ``"Adam#0"`` or the user's ``name=``."""
     cls: str = Field(max_length=200)
     params: list[ParamName] = Field(max_length=100_000)
@@ -234,7 +270,7 @@ class OptimizerInfo(_Record):
     shapes: list[list[NonNegInt]] = Field(default_factory=list, max_length=100_000)
     groups: list[NonNegInt] = Field(default_factory=list, max_length=100_000)
     """Parameter-group index of each parameter."""
-    label: str | None = Field(default=None, max_length=200)
+    label: Annotated[str, Shown] | None = Field(default=None, max_length=200)
     """What the user calls it, where the probe could see it (the variable holding it, as
     ``dec_opt``); findings show it instead of ``opt``, which stays the id in records."""
     hparams: list[dict[Annotated[str, Field(max_length=64)], HParam]] = Field(
@@ -318,7 +354,7 @@ class Step(_Record):
     """
 
     type: Literal["step"] = "step"
-    opt: str = Field(min_length=1, max_length=200)
+    opt: Annotated[str, Shown] = Field(min_length=1, max_length=200)
     step: StepNumber
     """Index of this step among the optimizer's steps (0-based; skipped steps count)."""
     skipped: bool = False
@@ -424,7 +460,7 @@ class Holding(_Record):
     """
 
     type: Literal["holding"] = "holding"
-    opt: str = Field(min_length=1, max_length=200)
+    opt: Annotated[str, Shown] = Field(min_length=1, max_length=200)
     step: NonNegInt
     """The optimizer's step this was checked at."""
     requiring: NonNegInt = 0
@@ -450,7 +486,7 @@ class Stats(_Record):
     last_step: StepNumber | None = None
     """With ``disabled``: the last step judged before the probe turned itself off, of
     optimizer :attr:`last_opt` (None: no step was judged, or a log older than version 4)."""
-    last_opt: str | None = Field(default=None, min_length=1, max_length=200)
+    last_opt: Annotated[str, Shown] | None = Field(default=None, min_length=1, max_length=200)
 
 
 class Scalars(_Record):
@@ -460,7 +496,7 @@ class Scalars(_Record):
     type: Literal["scalars"] = "scalars"
     step: StepNumber
     """The step they belong to (the latest step of the run when the user named none)."""
-    opt: str | None = Field(default=None, min_length=1, max_length=200)
+    opt: Annotated[str, Shown] | None = Field(default=None, min_length=1, max_length=200)
     """The optimizer whose step counter ``step`` is (None: the run's first optimizer)."""
     values: dict[Annotated[str, Field(min_length=1, max_length=200)], float] = Field(
         max_length=1000)

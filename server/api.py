@@ -36,7 +36,15 @@ from gradwatch.server.errors import (
 from gradwatch.server.exports import export_csv, export_lines
 from gradwatch.server.importing import MultipartFile
 from gradwatch.server.runs import Runs
-from gradwatch.wire import INT64_MAX, NOTES_MAX, TAG_MAX, TAGS_MAX, Finding, Header
+from gradwatch.wire import (
+    INT64_MAX,
+    NOTES_MAX,
+    TAG_MAX,
+    TAGS_MAX,
+    Finding,
+    Header,
+    name_problem,
+)
 
 router = APIRouter(prefix="/api")
 
@@ -79,31 +87,17 @@ _NAME_MAX = next(m.max_length for m in Header.model_fields["run_name"].metadata
 """The longest run name: what a probe's header may carry."""
 
 
-_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068"
-                  "\u2069")
-"""Bidirectional-text controls: a name holding one can show reversed or reordered."""
-
-
 def _run_name(raw: str) -> str:
     """A display name as typed, trimmed; a 400 that says why when it cannot be one."""
     name = raw.strip()
     if not name:
         raise HTTPException(400, "a run name cannot be empty")
-    try:
-        name.encode()
-    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in the JSON): not text
-        raise HTTPException(400, "a run name must be valid Unicode text (it holds a lone "
-                                 "surrogate)") from None
     if len(name) > _NAME_MAX:
         raise HTTPException(400, f"a run name has at most {_NAME_MAX} characters "
                                  f"(this one has {len(name)})")
-    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
-        raise HTTPException(400, "a run name cannot hold control characters (newlines, "
-                                 "tabs)")
-    if any(c in _BIDI for c in name):
-        raise HTTPException(400, "a run name cannot hold bidirectional-text controls "
-                                 "(U+202A-202E, U+2066-2069, U+200E/200F, U+061C): they "
-                                 "make a name read as something else")
+    problem = name_problem(name)  # the rule ingest and import apply to a header's run_name
+    if problem is not None:
+        raise HTTPException(400, f"a run name {problem}")
     return name
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -331,3 +332,117 @@ def test_image_stores_a_streamed_run_and_keeps_it_across_restart(
             docker(*undo, check=False, timeout=60)
     assert docker("ps", "-a", "-q", "--filter", f"name={name}") == ""
     assert docker("volume", "ls", "-q", "--filter", f"name={volume}") == ""
+
+
+# ---------------------------------------------------------------- the README's lines
+
+
+def readme_docker_lines(readme: Path = REPO / "README.md") -> tuple[list[str], str]:
+    """The README's "In Docker" block as command lines (a ``\\`` continuation joined, comments
+    dropped), and what it says to write for ``docker compose`` where Debian's docker.io is
+    the engine."""
+    text = readme.read_text()
+    section = text[text.index("\n### In Docker\n"):]
+    section = section[:section.index("\n## ", 1)]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block, "the README's Docker section has no bash block"
+    joined = block.group(1).replace("\\\n", " ")
+    lines = [" ".join(line.split(" #", 1)[0].split()) for line in joined.splitlines()]
+    debian = re.search(r"write\s+`([^`]+)`\s+for\s+`docker compose`", section)
+    assert debian, "the README does not say what to write for `docker compose` on docker.io"
+    return [line for line in lines if line], " ".join(debian.group(1).split())
+
+
+def _compose_word(docker: Docker) -> str | None:
+    """``None`` where ``docker compose`` (the v2 plugin) works, else the README's v1 form."""
+    plugin = subprocess.run([docker.client, "compose", "version"], env=docker.env,
+                            capture_output=True, timeout=30)
+    return None if plugin.returncode == 0 else readme_docker_lines()[1]
+
+
+def test_readme_docker_lines_name_files_that_exist() -> None:
+    lines, debian = readme_docker_lines()
+    assert lines[0].startswith("docker compose -f docker/compose.yaml up -d")
+    assert lines[-1] == "docker compose -f docker/compose.yaml down"
+    assert (REPO / "docker" / "compose.yaml").is_file()
+    assert debian.endswith("docker-compose") and "DOCKER_BUILDKIT=1" in debian
+
+
+@skip_docker
+@pytest.mark.docker
+@pytest.mark.timeout(1200)
+def test_readme_docker_lines_run_as_written(docker: Docker, tmp_path: Path) -> None:
+    """Each line of the README's Docker block, in a shell, on this machine's engine: with
+    Debian's docker.io, ``docker compose`` becomes what the README says to write. Only the
+    host port is changed (``GRADWATCH_PORT``, as compose.yaml allows), to a free one."""
+    lines, _ = readme_docker_lines()
+    word = _compose_word(docker)
+    if word is not None and shutil.which("docker-compose") is None:
+        pytest.fail("no `docker compose` plugin and no docker-compose (apt install "
+                    "docker-compose, as the README says)")
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    base_image = (os.environ.get("GRADWATCH_DOCKER_BASE")
+                  or docker.script("docker-base.sh", timeout=600).splitlines()[-1])
+    # /usr/bin first: the client that ships with Debian's dockerd (BuildKit built in), as
+    # docker-engine.sh picks it; GRADWATCH_BASE: compose.yaml's knob for a base image.
+    env = {**docker.env, "PATH": f"/usr/bin:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "GRADWATCH_PORT": str(port), "GRADWATCH_BASE": base_image,
+           "GRADWATCH_SPOOL_DIR": str(tmp_path / "spool")}  # where `gradwatch run` keeps its log
+    ca = Path(os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt"))
+    if ca.is_file():
+        # Here pip needs a TLS-inspecting proxy's CA, which only a build secret carries and
+        # compose v1 cannot pass: build once with it; the README's build then hits that cache.
+        docker("build", "-f", str(DOCKERFILE), "-t", "gradwatch:local",
+               "--build-arg", f"BASE={base_image}", "--secret", f"id=pip-ca,src={ca}",
+               str(REPO), timeout=900)  # fmt: skip
+    (tmp_path / "train.py").write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        f"for _ in range({STEPS}):\n"
+        "    model(torch.randn(8, 4)).pow(2).mean().backward()\n"
+        "    opt.step()  # zero_grad forgotten\n")
+    from gradwatch.steplog import read_log
+
+    def sh(line: str, timeout: float = 900) -> str:
+        if word is not None:
+            line = line.replace("docker compose", word)
+        line = line.replace("127.0.0.1:8765", f"127.0.0.1:{port}")
+        t0 = time.monotonic()
+        r = subprocess.run(["bash", "-c", line], cwd=tmp_path if "compose" not in line else REPO,
+                           env=env, capture_output=True, text=True, timeout=timeout)
+        log.info("%s: %.1f s", line, time.monotonic() - t0)
+        assert r.returncode == 0, f"README line {line!r} exited {r.returncode}:\n" \
+                                  f"{r.stdout[-3000:]}{r.stderr[-3000:]}"
+        return r.stdout
+
+    up, stream, upload, down = lines
+    try:
+        sh(up)
+        _wait_healthy(docker, "gradwatch", base)
+        sh(stream, timeout=300)
+        logs = sorted((tmp_path / "spool").glob("**/*.jsonl"))
+        assert len(logs) == 1, "gradwatch run wrote no step log"
+        streamed = read_log(logs[0]).header.run
+        _wait_for_steps(base, streamed, STEPS)
+        # the upload line's run.jsonl: the log `gradwatch run` wrote, as another run
+        text = logs[0].read_text().replace(streamed, "uploaded")
+        (tmp_path / "run.jsonl").write_text(text)
+        assert read_log(tmp_path / "run.jsonl").header.run == "uploaded"
+        assert '"steps":' in sh(upload)
+        sh(down)
+        assert docker("ps", "-a", "-q", "--filter", "name=^gradwatch$") == ""
+        sh(up)  # "stop; the runs stay"
+        _wait_healthy(docker, "gradwatch", base)
+        kept = {r["id"]: r["steps"] for r in _get(f"{base}/api/runs")["runs"]}
+        assert kept == {streamed: STEPS, "uploaded": STEPS}
+    except BaseException:
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "docker-compose.log").write_text(
+            docker("logs", "gradwatch", check=False, stderr=True, timeout=30))
+        raise
+    finally:
+        docker("rm", "-f", "gradwatch", check=False, timeout=60)
+        docker("volume", "rm", "-f", "gradwatch-data", check=False, timeout=60)
+        docker("image", "rm", "-f", "gradwatch:local", check=False, timeout=60)

@@ -53,6 +53,32 @@ async def test_a_run_named_like_html_shows_as_text_and_runs_no_script(
     assert page.errors == []
 
 
+async def test_a_bidi_override_in_names_shows_escaped_and_cannot_reorder_the_row(
+        server: ServerProc, page: Page) -> None:
+    opt = optimizer()
+    opt.params = ["enc.\u202ew", "layer.bias"]  # raw, as the frame's JSON carries them
+    recs = [header("bidi", "invoice\u202egnp.exe"), opt, *steps(5)]
+    recs.append(End(seq=recs[-1].seq + 1, t=1_700_000_100.0, steps=5))
+    await ingest(server.ws, "bidi", recs)
+
+    await page.goto(server.http + "/")
+    item = page.locator("#runs .name")
+    await item.wait_for()
+    assert await item.text_content() == "invoice\\u202egnp.exe"
+    await page.locator("#runs a").first.click()
+    await page.wait_for_function("document.body.dataset.snapshot >= 1")
+    assert await page.locator("#run-name").text_content() == "invoice\\u202egnp.exe"
+    await page.locator("#params-body tr").first.wait_for()
+    cells = await page.locator("#params-body td:first-child").all_text_contents()
+    assert "enc.\\u202ew" in cells
+    # a run stored before names were escaped may still hold an override: isolated, it
+    # reorders only its own name, never the row or the heading around it
+    for sel in ("#runs .name", "#run-name", "#params-body td:first-child"):
+        assert await page.locator(sel).first.evaluate(
+            "e => getComputedStyle(e).unicodeBidi") == "isolate", sel
+    assert page.errors == []
+
+
 async def test_live_training_steps_reach_the_charts_and_a_finding_appears_while_it_runs(
         server: ServerProc, page: Page, tmp_path: Path) -> None:
     log, stop = tmp_path / "train.jsonl", tmp_path / "stop"
