@@ -32,7 +32,7 @@ def _long(field: str) -> list[Any]:
     return recs
 
 
-CASES = {"argv item": "argv.1", "argv total": "argv", "param name": "params.1",
+CASES = {"argv item": "argv[1]", "argv total": "argv", "param name": "params[1]",
          "label": "label"}
 
 
