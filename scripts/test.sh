@@ -14,6 +14,8 @@ command -v npm >/dev/null || need+=(npm)  # scripts/refresh-plotly.sh, tested in
 if [[ ${GRADWATCH_SKIP_DOCKER:-0} != 1 ]]; then
   command -v dockerd >/dev/null || need+=(docker.io)
   command -v debootstrap >/dev/null || need+=(debootstrap)
+  # Debian 12 ships no compose plugin: the README's Docker lines run through compose v1
+  command -v docker-compose >/dev/null || need+=(docker-compose)
 fi
 if ((${#need[@]})); then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
