@@ -117,14 +117,8 @@ def _variables(frames: Sequence[types.FrameType]) -> Iterator[tuple[str, Any]]:
     skip = (type, types.ModuleType, types.FunctionType, torch.nn.Module)
     for f in frames:
         for v in list(f.f_locals.values()):
-            # type(), not isinstance() nor getattr(): a dead weakref.proxy raises on both
-            if issubclass(type(v), skip) or type(v).__module__ == "weakref":
-                continue
-            try:
-                attrs = object.__getattribute__(v, "__dict__")
-            except (AttributeError, TypeError, ReferenceError):
-                continue
-            if type(attrs) is dict:
+            attrs = _attributes(v, skip)
+            if attrs is not None:
                 yield from list(attrs.items())
 
 
@@ -262,17 +256,24 @@ def _held_in(opt: torch.optim.Optimizer, f: types.FrameType) -> str | None:
                 return str(k)
     skip = (type, types.ModuleType, types.FunctionType, torch.optim.Optimizer)
     for k, v in list(f.f_locals.items()):
-        if k.startswith("_") or issubclass(type(v), skip) or type(v).__module__ == "weakref":
-            continue
-        try:
-            attrs = object.__getattribute__(v, "__dict__")
-        except (AttributeError, TypeError, ReferenceError):
-            continue
-        if type(attrs) is dict:
+        attrs = None if k.startswith("_") else _attributes(v, skip)
+        if attrs is not None:
             for a, x in list(attrs.items()):
                 if not a.startswith("_") and holds(x):
                     return f"{k}.{a}"
     return None
+
+
+def _attributes(v: object, skip: tuple[type, ...]) -> dict[str, Any] | None:
+    """``v``'s instance attributes, or None for a ``skip`` type or an object without them.
+    type(), not isinstance() nor getattr(): a dead weakref.proxy raises on both."""
+    if issubclass(type(v), skip) or type(v).__module__ == "weakref":
+        return None
+    try:
+        attrs = object.__getattribute__(v, "__dict__")
+    except (AttributeError, TypeError, ReferenceError):
+        return None
+    return attrs if type(attrs) is dict else None
 
 
 def _named(params: Sequence[torch.Tensor], groups: Sequence[int] | None,
