@@ -117,7 +117,7 @@ def _tags(raw: list[str]) -> list[str]:
     for t in (x.strip() for x in raw):
         if not t or t in out:
             continue
-        if len(t) > TAG_MAX or any(ord(c) < 32 or ord(c) == 127 for c in t):
+        if len(t) > TAG_MAX or name_problem(t) is not None:  # a tag is shown as a name is
             raise HTTPException(400, f"a tag has 1-{TAG_MAX} characters and no control "
                                      f"characters: {t[:TAG_MAX]!r}")
         out.append(t)
