@@ -52,8 +52,8 @@ class Deliberate:
 
     def __init__(self, params: list[torch.Tensor], reader: GradReader) -> None:
         self.params = params
-        self.reader = reader
         """The ledger's own list (parameters added later are appended to it)."""
+        self.reader = reader
         self.sample: list[int] = []
         self.versions: list[int] = []
         """The versions of the :attr:`sample` parameters when the phase began."""
@@ -124,7 +124,7 @@ class Deliberate:
 def wrote_input_grad(roots: Any, held: Mapping[Any, Any]) -> bool:
     """Whether the backward from ``roots`` accumulated a gradient into a leaf tensor that is
     neither an ``nn.Parameter`` nor held by a watched optimizer (an attack's perturbation)."""
-    todo = [t.grad_fn for t in _tensors(roots)]
+    todo = [t.grad_fn for t in tensors_of(roots)]
     seen: set[Any] = set()
     while todo and len(seen) < _MAX_NODES:
         fn = todo.pop()
@@ -150,7 +150,7 @@ def shares_graph(first: Any, second: Any) -> bool:
 def _nodes(roots: Any, stop: set[Any] | None = None) -> set[Any] | None:
     """The nodes of the graph from ``roots`` that are no leaf's (at most
     :data:`_MAX_NODES`); None as soon as one of them is in ``stop``."""
-    todo = [t.grad_fn for t in _tensors(roots)]
+    todo = [t.grad_fn for t in tensors_of(roots)]
     seen: set[Any] = set()
     while todo and len(seen) < _MAX_NODES:
         fn = todo.pop()
@@ -165,10 +165,6 @@ def _nodes(roots: Any, stop: set[Any] | None = None) -> set[Any] | None:
 
 def tensors_of(roots: Any) -> list[torch.Tensor]:
     """The tensors among ``roots`` (a tensor, or a list or tuple of them)."""
-    return _tensors(roots)
-
-
-def _tensors(roots: Any) -> list[torch.Tensor]:
     if isinstance(roots, torch.Tensor):
         return [roots]
     if isinstance(roots, (list, tuple)):

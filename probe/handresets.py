@@ -29,8 +29,8 @@ class HandResets:
 
     def __init__(self, params: list[torch.Tensor], reader: GradReader) -> None:
         self.params = params
-        self.reader = reader
         """The ledger's own list (parameters added later are appended to it)."""
+        self.reader = reader
         n = len(params)
         self.refs: list[weakref.ref[torch.Tensor] | None] = [None] * n
         self.vers: list[int] = [0] * n
