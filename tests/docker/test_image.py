@@ -5,7 +5,8 @@ missing), ``scripts/docker-base.sh`` makes the Debian base image with debootstra
 registry is reachable here) and the test builds ``docker/Dockerfile`` on it. The container
 then gets a real training run streamed from this process by the probe, must show it over
 REST, keep it across ``docker restart`` (the named volume), and is removed afterwards with
-its volume, its image and the dockerd this test started, pass or fail.
+its volume, its image and the dockerd this test started (once no other test session holds
+it), pass or fail.
 
 Skipped only when ``GRADWATCH_SKIP_DOCKER=1``. ``GRADWATCH_DOCKER_BASE=python:3.11-slim``
 uses that base image instead of the debootstrap one, where a registry is reachable.
@@ -139,12 +140,15 @@ def _engine_script(*args: str, timeout: float) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def docker() -> Iterator[Docker]:
     # Installing docker.io on a fresh machine takes a minute or two.
-    info = _engine_script("start", timeout=400)
+    # A lease: another test session on this machine may share the engine; the last one
+    # out stops it.
+    holder = str(os.getpid())
+    info = _engine_script("start", holder, timeout=400)
     try:
         yield Docker(info["DOCKER"], info["DOCKER_HOST"])
     finally:
-        if info.get("GRADWATCH_DOCKERD_STARTED") == "1":
-            _engine_script("stop", timeout=60)
+        if info.get("GRADWATCH_DOCKER_LEASED") == "1":
+            _engine_script("stop", holder, timeout=60)
 
 
 # ---------------------------------------------------------------- helpers
@@ -231,6 +235,23 @@ def _stored(base: str, run: str) -> tuple[dict[str, Any], list[str], int]:
 
 
 # ---------------------------------------------------------------- the image, for real
+
+
+@skip_docker
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+def test_a_second_session_ending_leaves_the_engine_to_the_first(docker: Docker) -> None:
+    """Two test sessions on one machine share the private engine: the one that ends
+    first (here a stand-in process) must not stop it under the other, as once failed CI."""
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        info = _engine_script("start", str(other.pid), timeout=120)
+        assert info["DOCKER_HOST"] == docker.env["DOCKER_HOST"]
+        _engine_script("stop", str(other.pid), timeout=60)
+        assert docker("version", "--format", "{{.Server.Version}}")
+    finally:
+        other.kill()
+        other.wait()
 
 
 @skip_docker
