@@ -20,6 +20,9 @@ from tests.serverproc import ServerProc
 torch = pytest.importorskip("torch")
 import gradwatch  # noqa: E402
 
+# One worker builds the logs once for every client (a module fixture runs once per worker).
+pytestmark = pytest.mark.xdist_group("import-clients")
+
 SIZES = {"100KiB": 100 << 10, "196KiB": 196 << 10, "1MiB": 1 << 20, "5MiB": 5 << 20}
 NDJSON = "application/x-ndjson"
 
@@ -29,11 +32,12 @@ def _train(log: Path, steps: int) -> None:
     # Many parameters: a step record carries two norms per parameter, so a few hundred
     # steps make megabytes.
     params = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(2)) for _ in range(2000)])
+    each = list(params)  # indexing a ParameterList 2000 times a step costs more than the step
     opt = torch.optim.SGD(params, lr=0.001)
     with gradwatch.watch(opt, model=params, log=log, run_name=log.stem):
         for _ in range(steps):
             opt.zero_grad()
-            torch.stack(list(params)).pow(2).sum().backward()
+            torch.stack(each).pow(2).sum().backward()
             opt.step()
 
 
