@@ -36,7 +36,8 @@ EXPORT = """async () => {
   const { drawFigure, runFigure } = await import('/static/js/exporting.js');
   const run = { id: 'cold', name: document.getElementById('run-name').textContent,
                 status: 'finished', steps: 200, started: 1700000000 };
-  const fig = runFigure(document.getElementById('chart'), run, 0);
+  const fig = runFigure(document.getElementById('chart'), run, 0,
+                        window.gradwatch.view.optimizers);
   let box = document.getElementById('export-probe');
   if (box) { window.Plotly.purge(box); box.remove(); }
   box = document.createElement('div');
@@ -129,6 +130,9 @@ async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines_and_reads_cl
     assert legend["y"] + legend["h"] <= plot["y"], (legend, plot)
     assert "cold-start" in await page.evaluate(
         "() => document.querySelector('#export-probe .gtitle').textContent")
+    # and its subtitle carries the run's configuration, as the facts box shows it
+    assert "SGD lr 0.1 · momentum 0.9 · weight_decay 0.0001 · nesterov True (+1 group)" \
+        in sub["text"], sub
     await page.locator("#export-probe").screenshot(
         path=str(ARTIFACTS / "web-first-hour-export.png"))
     await page.evaluate("() => document.getElementById('export-probe').remove()")
@@ -187,6 +191,13 @@ async def test_a_stored_run_opened_cold_draws_its_loss_and_lr_lines_and_reads_cl
     await wait_for(lambda: page.evaluate("() => location.search.includes('zoom=50,100')"))
     await page.locator("#btn-reset").click()
     await wait_for(lambda: page.evaluate("() => !location.search.includes('zoom=')"))
+
+    async def whole() -> bool:  # the reset's refetch drawn, not the zoom's window
+        xs = [x for x, _ in (await page.evaluate(DRAWN_DATA, ["#chart", "xaxis", "yaxis"])
+                             )[0]["points"]]
+        return bool(xs) and abs(xs[0]) < 1e-3 and abs(xs[-1] - 1.99) < 1e-3
+
+    await wait_for(whole)
     await page.locator("#sel-x").select_option("wall")
 
     async def walled() -> list[Any] | None:

@@ -4,6 +4,7 @@
  * and of the finding bands, and each band labelled with its kind.
  */
 
+import { groupText } from "./config.js";
 import { count, plotText, when } from "./format.js";
 import { findingKind } from "./kinds.js";
 import { css } from "./layout.js";
@@ -66,15 +67,28 @@ export function exportFigure(gd, { title, subtitle = "" }) {
   return { data, layout };
 }
 
-/** The PNG figure of a run's chart: its name as the title, its id, status and counts under. */
-export function runFigure(gd, run, findings) {
+/** The PNG figure of a run's chart: its name as the title; its id, status, counts, tags and
+ * each optimizer's settings (`OptimizerView.hparams`, first param group) under. */
+export function runFigure(gd, run, findings, optimizers = []) {
   return exportFigure(gd, {
     title: run.name || run.id,
     subtitle: `run ${run.id} · ${run.status || ""} · ${count(run.steps || 0)} steps · ` +
       `${findings ? `${count(findings)} finding${findings === 1 ? "" : "s"}` : "no findings"}` +
       ` · started ${when(run.started)}` +
-      (run.tags && run.tags.length ? ` · tags: ${run.tags.join(", ")}` : ""),
+      (run.tags && run.tags.length ? ` · tags: ${run.tags.join(", ")}` : "") +
+      settingsText(optimizers),
   });
+}
+
+/** " · opt: SGD lr 0.1 · momentum 0.9 (+1 group)" per optimizer with recorded settings. */
+function settingsText(optimizers) {
+  const parts = optimizers.filter((o) => o.hparams && o.hparams.length).map((o) => {
+    const more = o.hparams.length - 1;
+    return `${o.label || o.opt}: ${o.cls} ` +
+      `${groupText(o.hparams[0])}${more ? ` (+${more} group${more > 1 ? "s" : ""})` : ""}`;
+  });
+  // Ranks of one launch share their settings: say each once.
+  return [...new Set(parts)].map((t) => ` · ${t}`).join("");
 }
 
 /**

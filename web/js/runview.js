@@ -328,7 +328,7 @@ export class RunView {
   /** The figure an exported PNG draws for this run. */
   pngFigure() {
     return runFigure($("chart"), this.summary || { name: this.runId, id: this.runId },
-      this.verdict.findings.length);
+      this.verdict.findings.length, this.optimizers);
   }
 
   async downloadPng() {
