@@ -25,7 +25,8 @@ from gradwatch.logreader import BLOCK as BLOCK
 from gradwatch.logreader import GZIP_MAGIC as GZIP_MAGIC
 from gradwatch.logreader import LogReader as LogReader
 from gradwatch.logreader import StepLogError as StepLogError
-from gradwatch.wire import Header, dump_record
+from gradwatch.wire import Header
+from gradwatch.wirejson import dump_record
 
 
 @dataclass

@@ -28,7 +28,7 @@ from gradwatch.probe.records import Item, StepRecords
 from gradwatch.steplog import StepLogWriter
 from gradwatch.verdict import Verdict
 from gradwatch.wire import Finding, Header, Stats, Step
-from gradwatch.wirejson import record_text
+from gradwatch.wirejson import dump_record
 
 if TYPE_CHECKING:
     from gradwatch.stream import Streamer
@@ -169,7 +169,7 @@ class RecordWriter:
         try:
             rec = self._records.numbered(item, self._seq)
             self._seq += 1
-            line = record_text(rec)  # a step: wirejson.step_text, no walk over fields
+            line = dump_record(rec)  # a step: wirejson.step_text, no walk over fields
             if self._file is not None:
                 self._file.write(line)
             for f in self.verdict.feed(rec):
