@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gradwatch.probe")
 
-_STOP = object()
 _STATS_EVERY = 10.0
 """Seconds between ``Stats`` records while records are being dropped."""
 _YIELD = 2e-5
@@ -63,7 +62,8 @@ class StepFigures:
 
 
 class RecordWriter:
-    """Owns the buffer, the thread, the step log file and the streamer.
+    """Owns the buffer, the thread and the step log file; wakes the streamer (which the
+    :class:`~gradwatch.probe.api.WatchHandle` owns and closes) after each flush.
 
     :meth:`put` never blocks the training thread; the writer thread polls the buffer every
     ``poll`` seconds, writes what it finds and flushes, so the log is never more than
