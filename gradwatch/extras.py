@@ -40,7 +40,6 @@ SERVER = Requirement("the server extra (fastapi, uvicorn)", ("fastapi", "uvicorn
 LIGHTNING = Requirement("Lightning (the lightning or pytorch_lightning package)", ("lightning",),
                         "pip install lightning")
 TRANSFORMERS = Requirement("transformers", ("transformers",), "pip install transformers")
-IPYTHON = Requirement("IPython", ("IPython",), "pip install ipython")
 
 
 def importable(module: str) -> bool:

@@ -6,11 +6,14 @@ receives (``runs``, ``run``, ``snapshot``, ``steps``, ``findings``, ``optimizer`
 streamer, replay and the tests build them from models instead of hand-built dicts. This
 module imports neither torch nor fastapi. :func:`json_schema` returns the schema of the
 whole protocol, served at ``GET /api/schema``; :func:`frame_json` serialises a frame from
-values the server already validated.
+values the server already validated. :class:`CloseCode` names the codes a server closes a
+websocket with: the server picks them (``server/ws_close.py``), the streamer and replay tell
+refusals apart by them, never by the text of a reason.
 """
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
@@ -19,6 +22,27 @@ from gradwatch import wire
 from gradwatch.wire import Finding, Header, RunId
 
 RunStatus = Literal["live", "finished", "failed", "interrupted"]
+
+
+class CloseCode(IntEnum):
+    """Why a server closed a websocket (``server/API.md``, "Close codes")."""
+
+    GOING_AWAY = 1001
+    """Idle for too long (or the server is stopping): reconnect when there is more to send."""
+    UNSUPPORTED = 1003
+    """A frame that is not JSON text."""
+    INVALID = 1007
+    """A frame that is not valid (its reason names the field)."""
+    POLICY = 1008
+    """Refused by policy (the run limit)."""
+    TOO_BIG = 1009
+    """A frame over the server's size limit: send smaller ones."""
+    TRY_LATER = 1013
+    """Not now: over the rate or connection limit, storage busy, acks not read."""
+    NOT_OWNER = 4403
+    """The stream belongs to another connection's key."""
+    NO_RUN = 4404
+    """No such run (``/ws/live?run=``)."""
 
 
 class _Frame(BaseModel):

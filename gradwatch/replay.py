@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gradwatch.cliargs import CommandParser, summary
+from gradwatch.frames import CloseCode
 from gradwatch.steplog import GZIP_MAGIC, LogReader, StepLogError, StepLogWriter
 from gradwatch.stream import Streamer, ingest_url, reachable
 from gradwatch.streamkey import UnsafeKeyFile, key_file, new_key, read_key
@@ -161,12 +162,11 @@ def main(argv: Sequence[str]) -> int:
             writer.close()
             streamer.close(timeout=a.timeout)
         stats = streamer.stats()
-    if stats["disabled"] or stats["acked_seq"] < last_seq:
-        why = stats["disabled"] or "the server was unreachable or did not ack in time"
-        print(f"gradwatch replay: sent {stats['sent']} of {n} records: {why}",
-              file=sys.stderr)
+    if stats.disabled or stats.acked_seq < last_seq:
+        why = stats.disabled or "the server was unreachable or did not ack in time"
+        print(f"gradwatch replay: sent {stats.sent} of {n} records: {why}", file=sys.stderr)
         return 1
-    print(f"sent {stats['sent']} records as run {run}")
+    print(f"sent {stats.sent} records as run {run}")
     return 0
 
 
@@ -197,15 +197,15 @@ def resume(path: Path, run: str, rank: int, last_seq: int, server: str, token: s
         streamer.notify()
         streamer.close(timeout=timeout)  # returns once the log is stored, or at the timeout
     stats = streamer.stats()
-    had = stats["server_had"]
-    if stats["disabled"] or stats["acked_seq"] < last_seq:
-        why = stats["disabled"] or "the server was unreachable or did not ack in time"
-        if key is None and "4403" in why:
+    had = stats.server_had
+    if stats.disabled or stats.acked_seq < last_seq:
+        why = stats.disabled or "the server was unreachable or did not ack in time"
+        if key is None and stats.refused == CloseCode.NOT_OWNER:
             why += (f"; the probe that wrote the log kept the stream's key in "
                     f"{key_file(path)}: put it back beside the log")
-        print(f"gradwatch replay: the server holds records up to seq {stats['acked_seq']} of "
+        print(f"gradwatch replay: the server holds records up to seq {stats.acked_seq} of "
               f"{last_seq}: {why}", file=sys.stderr)
         return 1
     print(f"run {run}: the server had {had + 1 if had is not None else 0} records, "
-          f"sent {stats['sent']}; it now holds all {last_seq + 1}")
+          f"sent {stats.sent}; it now holds all {last_seq + 1}")
     return 0

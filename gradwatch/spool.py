@@ -95,13 +95,13 @@ class SpoolReader:
             try:
                 with self.path.open("rb") as fh:
                     fh.seek(self.offset)
-                    data = fh.read(max(self.max_bytes, MAX_LINE))
+                    data = fh.read(self._cut())
             except FileNotFoundError:
                 return None
             end = data.rfind(b"\n")
             if end >= 0:
                 break
-            if len(data) < MAX_LINE:
+            if len(data) < self._cut():
                 return None
             self._skip_line()  # one line over a frame: it can never be sent
         records: list[bytes] = []
@@ -132,10 +132,14 @@ class SpoolReader:
         return Piece(batch_json(self.run, self.rank, v, records).decode(), last_seq, off,
                      len(records), full)
 
+    def _cut(self) -> int:
+        """Bytes read at a time: a line with no newline in as many is skipped."""
+        return max(self.max_bytes, MAX_LINE)
+
     def _skip_line(self) -> None:
         self.dropped += 1
         log.warning("gradwatch streamer: a spool line is over %d bytes; skipped it",
-                    self.max_bytes)
+                    self._cut())
         with self.path.open("rb") as fh:
             fh.seek(self.offset)
             while True:

@@ -14,7 +14,7 @@ import gzip
 import io
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -25,7 +25,8 @@ from gradwatch.logreader import BLOCK as BLOCK
 from gradwatch.logreader import GZIP_MAGIC as GZIP_MAGIC
 from gradwatch.logreader import LogReader as LogReader
 from gradwatch.logreader import StepLogError as StepLogError
-from gradwatch.wire import Header, dump_record
+from gradwatch.wire import Header
+from gradwatch.wirejson import dump_record
 
 
 @dataclass
@@ -43,19 +44,6 @@ class StepLog:
 def is_compressed(path: str | os.PathLike[str]) -> bool:
     """A log at ``path`` is written gzip-compressed (its name ends in ``.gz``)."""
     return str(path).endswith(".gz")
-
-
-def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line_number, record)`` for the header and each record of a step log.
-
-    Kept for callers of the first reader; :class:`LogReader` is the reader.
-
-    Raises:
-        StepLogError: see :class:`LogReader`.
-    """
-    with LogReader(path) as reader:
-        yield 1, reader.header
-        yield from reader.numbered()
 
 
 def read_log(path: str | os.PathLike[str] | IO[bytes], name: str | None = None) -> StepLog:
@@ -132,7 +120,7 @@ class StepLogWriter:
     mid-write) and flushed at most ``flush_every`` seconds apart and on :meth:`close`. A
     path ending in ``.gz`` is written gzip-compressed, each flush a sync flush (a reader sees
     every flushed line); a log another process tails (a streamed run's spool) must be plain.
-    Not thread-safe: one thread (the probe's sender) owns a writer.
+    Not thread-safe: one thread (the probe's writer thread) owns a writer.
     """
 
     def __init__(self, path: str | os.PathLike[str], flush_every: float = 1.0):

@@ -14,6 +14,7 @@ Imports neither torch nor fastapi.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import random
 import socket
@@ -28,7 +29,7 @@ from pydantic import ValidationError
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import ClientConnection, connect
 
-from gradwatch.frames import Ack, Hello, Resume
+from gradwatch.frames import Ack, CloseCode, Hello, Resume
 from gradwatch.spool import SpoolReader
 
 log = logging.getLogger(__name__)
@@ -41,9 +42,46 @@ server closes the stream for its rate limit)."""
 KEEPALIVE = 60.0
 """Seconds without a frame after which an idle stream sends a ``hello`` (the server closes
 ingest connections idle for longer than its ``--ingest-idle-timeout``)."""
-RATE_LIMITED = 1013
-FATAL_CLOSE = {1003: "unsupported data", 1007: "invalid record", 1008: "refused by policy",
-               4403: "the stream belongs to another connection"}
+FATAL_CLOSE = {CloseCode.UNSUPPORTED: "unsupported data", CloseCode.INVALID: "invalid record",
+               CloseCode.POLICY: "refused by policy",
+               CloseCode.NOT_OWNER: "the stream belongs to another connection"}
+"""Close codes after which resending cannot help: the streamer stops (records stay in the
+spool)."""
+
+
+@dataclasses.dataclass(slots=True)
+class StreamStats:
+    """What a :class:`Streamer` did so far (:meth:`Streamer.stats` returns a copy).
+
+    Also read as a mapping (``stats()["acked_seq"]``, ``stats().get("dropped", 0)``), the
+    form earlier releases returned.
+    """
+
+    sent: int = 0
+    """Records the server stored (acked) from this streamer."""
+    dropped: int = 0
+    """Spool lines skipped: invalid, or too long for any frame."""
+    connected: bool = False
+    reconnects: int = 0
+    acked_seq: int = -1
+    """Every record up to this seq is stored; -1: none yet."""
+    server_had: int | None = None
+    """The server's last stored seq when the stream first connected; None before."""
+    backlog_bytes: int = 0
+    """Spool bytes not acked yet (as of :meth:`Streamer.close`)."""
+    disabled: str | None = None
+    """Why the streamer gave up, if it did (the records stay in the spool)."""
+    refused: CloseCode | None = None
+    """The close code of the server's refusal that stopped the streamer, if one did."""
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.__dataclass_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The field ``name``, or ``default`` if there is no such field (mapping reads)."""
+        return getattr(self, name) if name in self.__dataclass_fields__ else default
 
 
 def reachable(server: str, timeout: float = 3.0) -> str | None:
@@ -104,9 +142,9 @@ class Streamer:
         self._unreachable_said = False
         """The current outage was reported (once per outage, at its first failure)."""
         self.min_interval = MIN_INTERVAL
-        self._stats: dict[str, Any] = {"sent": 0, "connected": False,
-                                       "reconnects": 0, "acked_seq": -1, "server_had": None,
-                                       "backlog_bytes": 0, "disabled": None}
+        self._stats = StreamStats()
+        self._hello_unanswered = False
+        """A hello was sent on this connection and its resume has not come yet."""
 
     # -- API for the probe (any thread) -------------------------------------------------
     def start(self) -> None:
@@ -137,12 +175,9 @@ class Streamer:
                 self._thread.join(2.0)
         self._update_backlog()
 
-    def stats(self) -> dict[str, Any]:
-        """``sent`` (records the server stored), ``dropped``, ``connected``,
-        ``reconnects``, ``acked_seq`` (every record up to it is stored), ``server_had``
-        (the server's last stored seq when the stream first connected; None before),
-        ``backlog_bytes`` and ``disabled`` (why it stopped, if it gave up)."""
-        return {**self._stats, "dropped": self._reader.dropped}
+    def stats(self) -> StreamStats:
+        """A copy of what the streamer did so far (:class:`StreamStats`)."""
+        return dataclasses.replace(self._stats, dropped=self._reader.dropped)
 
     # -- the thread ---------------------------------------------------------------------
     def _main(self) -> None:
@@ -165,11 +200,11 @@ class Streamer:
                 self._lost(e)
             except Exception:  # an internal error: log once, stop streaming
                 log.exception("gradwatch streamer failed; records stay in %s", self.spool)
-                self._stats["disabled"] = "internal error (see log)"
+                self._stats.disabled = "internal error (see log)"
                 return
             finally:
                 self._ws = None
-                self._stats["connected"] = False
+                self._stats.connected = False
             delay = min(self.max_backoff, 0.1 * 2 ** min(failures, 10))
             delay *= 0.75 + random.random() / 2
             if self._stopping:
@@ -181,42 +216,50 @@ class Streamer:
         """Ask where to resume (``hello`` → ``resume``) and position the spool reader."""
         ws.send(Hello(run=self.run, rank=self.rank, key=self.key)
                 .model_dump_json(exclude_none=True))
+        self._hello_unanswered = True
         resume = Resume.model_validate_json(ws.recv(timeout=self.ack_timeout))
+        self._hello_unanswered = False
         if self._unreachable_said:
             log.warning("gradwatch: the server at %s is reachable again; sending the "
                         "records it lacks", self.url)
             self._unreachable_said = False
-        elif self._stats["reconnects"] == 0 and not self._stats["connected"]:
+        elif self._stats.reconnects == 0 and not self._stats.connected:
             log.info("gradwatch streamer: connected to %s", self.url)
-        self._stats["connected"] = True
-        if self._stats["server_had"] is None:
-            self._stats["server_had"] = resume.seq
+        self._stats.connected = True
+        if self._stats.server_had is None:
+            self._stats.server_had = resume.seq
         self._inflight.clear()
         # The server may know more than we saw acked (acks lost with the connection), or
         # less (a fresh data directory): then start over from the top of the spool.
         if resume.seq < self._acked_seq:
             self._acked_off = 0
         self._reader.seek(self._acked_off, resume.seq)
-        self._acked_seq = self._stats["acked_seq"] = resume.seq
+        self._acked_seq = self._stats.acked_seq = resume.seq
 
     def _lost(self, e: BaseException) -> None:
         code = getattr(getattr(e, "rcvd", None), "code", None)
         reason = getattr(getattr(e, "rcvd", None), "reason", "")
-        was_connected = self._stats["connected"]
-        if code == 1007 and self.key is not None and "hello.key" in reason:
-            # A server older than stream keys: stream keyless, as before keys existed.
+        was_connected = self._stats.connected
+        answered_hello, self._hello_unanswered = self._hello_unanswered, False
+        if code == CloseCode.INVALID and self.key is not None and answered_hello:
+            # Our hello is valid to any server that knows stream keys (the key is checked
+            # where it is made or read), so one refused in answer is from a server older
+            # than keys: stream keyless there, as before keys existed.
             log.warning("gradwatch streamer: %s predates stream keys; the stream is open "
                         "to any writer there (upgrade the server)", self.url)
             self.key = None
         elif code in FATAL_CLOSE:
-            self._stats["disabled"] = f"server closed {code} ({reason})"
+            refused = CloseCode(code)
+            self._stats.refused = refused
+            self._stats.disabled = f"server closed {int(refused)} ({reason})"
             log.error("gradwatch streamer: the server refused the stream (%s %s: %s); "
-                      "records stay in %s", code, FATAL_CLOSE[code], reason, self.spool)
+                      "records stay in %s", int(refused), FATAL_CLOSE[refused], reason,
+                      self.spool)
             self._stopping, self._deadline = True, 0.0
-        elif code == 1009:
+        elif code == CloseCode.TOO_BIG:
             r = self._reader
             r.max_bytes, r.max_records = max(4096, r.max_bytes // 2), max(1, r.max_records // 2)
-        elif code == RATE_LIMITED:  # fewer, fuller frames (other streams share the budget)
+        elif code == CloseCode.TRY_LATER:  # fewer, fuller frames (other streams share the budget)
             self.min_interval = min(1.0, self.min_interval * 2)
             log.info("gradwatch streamer: the server closed the stream for now (%s); "
                      "sending at most every %.2f s", reason, self.min_interval)
@@ -238,7 +281,7 @@ class Streamer:
                             "on, every record stays in %s and is sent when the server is "
                             "back", self.url, _why(e), self.spool)
         if was_connected:
-            self._stats["reconnects"] += 1
+            self._stats.reconnects += 1
 
     def _pump(self, ws: ClientConnection) -> bool:
         """Send up to WINDOW batches, then take one ack. True when done (closing)."""
@@ -262,9 +305,9 @@ class Streamer:
             ack = Ack.model_validate_json(ws.recv(timeout=self.ack_timeout))
             _, off, n = self._inflight.popleft()
             self._acked_off = off
-            self._stats["sent"] += n
+            self._stats.sent += n
             self._acked_seq = max(self._acked_seq, ack.seq)
-            self._stats["acked_seq"] = self._acked_seq
+            self._stats.acked_seq = self._acked_seq
             return False
         if self._stopping:
             return True  # everything in the spool is stored
@@ -288,7 +331,7 @@ class Streamer:
 
     def _update_backlog(self) -> None:
         with contextlib.suppress(OSError):
-            self._stats["backlog_bytes"] = max(0, self.spool.stat().st_size - self._acked_off)
+            self._stats.backlog_bytes = max(0, self.spool.stat().st_size - self._acked_off)
 
 
 def _why(e: BaseException) -> str:

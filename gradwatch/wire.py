@@ -632,14 +632,6 @@ def trusted(cls: type[_M], fields: dict[str, Any]) -> _M:
     return m
 
 
-def dump_record(record: BaseModel) -> str:
-    """Serialise a record as one JSON line (no trailing newline), at :data:`PROTOCOL_VERSION`
-    (:func:`gradwatch.wirejson.record_text`)."""
-    from gradwatch.wirejson import record_text
-
-    return record_text(record)
-
-
 def json_schema() -> dict[str, Any]:
     """JSON Schema of records, ingest batches and findings: the protocol documented for
     other tools (``GET /api/schema`` adds the socket frames; the dashboard reads none)."""

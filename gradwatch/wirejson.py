@@ -3,7 +3,8 @@
 A step is written in the forms of versions 2 and 3 (:mod:`gradwatch.encoding`): defaults
 and implied values left out, index lists as ranges, per-parameter arrays packed. Every
 other record is written whole, as version 1 wrote it, with its header saying the current
-version.
+version. :func:`dump_record` is the one entry point; this module imports :mod:`gradwatch.wire`,
+never the other way round.
 
 Two writers of a step, one text: :class:`ObjectJson` walks any model's fields (the reference,
 and what a field added later falls back to); :func:`step_text` is the probe writer
@@ -120,8 +121,9 @@ class ObjectJson:
         return "{" + ",".join(parts) + "}"
 
 
-def record_text(record: BaseModel) -> str:
-    """Any record as one JSON line (no newline) at the current version."""
+def dump_record(record: BaseModel) -> str:
+    """Any record as one JSON line (no trailing newline) at the current protocol version:
+    the one serialiser of records (step logs, spools, exports)."""
     if type(record) is Step:
         return step_text(record)
     return ObjectJson.encode(record)

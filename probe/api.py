@@ -190,7 +190,7 @@ class WatchHandle:
         :meth:`close`, those that never arrived. They are in the step log (:attr:`path`)."""
         if self.streamer is None:
             return 0
-        acked = int(self.streamer.stats().get("acked_seq", -1))
+        acked = self.streamer.stats().acked_seq
         return max(0, self.writer.written - 1 - acked)
 
     def unsent_report(self) -> str | None:
@@ -199,7 +199,7 @@ class WatchHandle:
         n = self.unsent
         if not n or self.streamer is None:
             return None
-        why = self.streamer.stats()["disabled"]
+        why = self.streamer.stats().disabled
         return (f"gradwatch: the server at {self.server} did not acknowledge {n} record"
                 f"{'s' if n != 1 else ''} of run {self.run_id}"
                 f"{f' ({why})' if why else ''}; they are in {self.path}. Send them with: "
@@ -289,7 +289,7 @@ def _streamer_dropped(streamer: Streamer | None) -> int:
     if streamer is None:
         return 0
     try:
-        return int(streamer.stats().get("dropped", 0))
+        return streamer.stats().dropped
     except Exception:  # noqa: BLE001
         return 0
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     import torch
 
-from gradwatch.encoding import at_float32_precision, is_float32
+from gradwatch.encoding import at_float32_precision, implied_drift, is_float32
 from gradwatch.probe.facts import (
     Hits,
     JudgedStep,
@@ -162,8 +162,7 @@ def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: S
     norm = fresh_norm = drift = per = fresh = None
     if tally.norms is not None:
         per, fresh, norm, fresh_norm = host_norms(tally.norms)
-        if norm is not None and fresh_norm:  # undefined when nothing fresh
-            drift = norm / fresh_norm
+        drift = implied_drift(norm, fresh_norm)  # the rule writers leave drift out by
     if root_loss is not None and is_float32([root_loss]):  # a float32 loss: 9 digits
         root_loss = at_float32_precision(root_loss)
     return trusted(Step, {

@@ -28,14 +28,13 @@ from gradwatch.probe.records import Item, StepRecords
 from gradwatch.steplog import StepLogWriter
 from gradwatch.verdict import Verdict
 from gradwatch.wire import Finding, Header, Stats, Step
-from gradwatch.wirejson import record_text
+from gradwatch.wirejson import dump_record
 
 if TYPE_CHECKING:
     from gradwatch.stream import Streamer
 
 log = logging.getLogger("gradwatch.probe")
 
-_STOP = object()
 _STATS_EVERY = 10.0
 """Seconds between ``Stats`` records while records are being dropped."""
 _YIELD = 2e-5
@@ -63,7 +62,8 @@ class StepFigures:
 
 
 class RecordWriter:
-    """Owns the buffer, the thread, the step log file and the streamer.
+    """Owns the buffer, the thread and the step log file; wakes the streamer (which the
+    :class:`~gradwatch.probe.api.WatchHandle` owns and closes) after each flush.
 
     :meth:`put` never blocks the training thread; the writer thread polls the buffer every
     ``poll`` seconds, writes what it finds and flushes, so the log is never more than
@@ -169,7 +169,7 @@ class RecordWriter:
         try:
             rec = self._records.numbered(item, self._seq)
             self._seq += 1
-            line = record_text(rec)  # a step: wirejson.step_text, no walk over fields
+            line = dump_record(rec)  # a step: wirejson.step_text, no walk over fields
             if self._file is not None:
                 self._file.write(line)
             for f in self.verdict.feed(rec):

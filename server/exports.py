@@ -22,7 +22,8 @@ from gradwatch.server import db
 from gradwatch.server.reader import Reader
 from gradwatch.server.rows import Row
 from gradwatch.server.steptable import RECORD_SELECT, STEP_SELECT, step_record, to_row
-from gradwatch.wire import Header, Scalars, Step, dump_record, parse_record
+from gradwatch.wire import Header, Scalars, Step, parse_record
+from gradwatch.wirejson import dump_record
 
 
 def export_lines(reader: Reader, run_id: str, rank: int = 0) -> Iterator[str] | None:

@@ -3,8 +3,8 @@
 Thin: :class:`server.security.Guard` has checked the handshake (Host, Origin, token); they
 admit an ingest connection (:class:`server.limits.IngestGate`) and hand it to
 :class:`server.ws_ingest.IngestSession`, or pump a live client's queue
-(:mod:`server.fanout`) with a deadline on every send. Close codes are
-:mod:`server.ws_close`'s (see API.md).
+(:mod:`server.fanout`) with a deadline on every send. Close codes are the contract's
+(:class:`gradwatch.frames.CloseCode`), picked per refusal by :mod:`server.ws_close`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 
-from gradwatch.frames import RunsFrame, SnapshotFrame, frame_json
+from gradwatch.frames import CloseCode, RunsFrame, SnapshotFrame, frame_json
 from gradwatch.server import ws_close
 from gradwatch.server.errors import Refused
 from gradwatch.server.fanout import Client
@@ -56,7 +56,7 @@ async def live(ws: WebSocket, run: str | None = None,
     await ws.accept()
     client = runs.hub.subscribe(run)
     if client is None:
-        await ws.close(ws_close.TRY_LATER, "too many live clients; retry later")
+        await ws.close(CloseCode.TRY_LATER, "too many live clients; retry later")
         return
     timeout = runs.settings.send_timeout
     try:
@@ -66,7 +66,7 @@ async def live(ws: WebSocket, run: str | None = None,
         else:
             snap = await asyncio.to_thread(_snapshot, runs, run, max_points)
             if snap is None:
-                await ws.close(ws_close.NO_RUN, ws_close.short(f"no run '{run}'"))
+                await ws.close(CloseCode.NO_RUN, ws_close.short(f"no run '{run}'"))
                 return
             client.skip_until, first = snap
         # The first frame has the same deadline as every other: a client that never
@@ -107,7 +107,7 @@ async def _close(ws: WebSocket, reason: str) -> None:
     # A close frame waits behind the frames a stuck client never read: give up on it
     # after a moment (the transport is aborted; see server.transport).
     with contextlib.suppress(Exception):
-        await within(ws.close(ws_close.TRY_LATER, reason), 1.0)
+        await within(ws.close(CloseCode.TRY_LATER, reason), 1.0)
 
 
 async def _pump(ws: WebSocket, client: Client, send_timeout: float) -> None:

@@ -1,11 +1,14 @@
-"""Websocket close codes, and which refusal closes a connection with which.
+"""Which refusal closes a websocket with which close code.
 
 Only the websocket routes (:mod:`server.ws`, :mod:`server.ws_ingest`) import this; the
-plain core raises :mod:`server.errors`. The codes are a contract (``server/API.md``).
+plain core raises :mod:`server.errors`. The codes themselves are the wire contract's
+(:class:`gradwatch.frames.CloseCode`, documented in ``server/API.md``): the probe's streamer
+reads them by the same names.
 """
 
 from __future__ import annotations
 
+from gradwatch.frames import CloseCode
 from gradwatch.server.errors import (
     FrameTooBig,
     IdleConnection,
@@ -22,34 +25,25 @@ from gradwatch.server.errors import (
     UnreadableFrame,
 )
 
-GOING_AWAY = 1001
-UNSUPPORTED = 1003
-INVALID = 1007
-POLICY = 1008
-TOO_BIG = 1009
-TRY_LATER = 1013
-NO_RUN = 4404
-NOT_OWNER = 4403
-
-_CODES: dict[type[Refused], int] = {
-    IdleConnection: GOING_AWAY,
-    UnreadableFrame: UNSUPPORTED,
-    InvalidFrame: INVALID,
-    InvalidStream: INVALID,
-    RunLimitReached: POLICY,
-    FrameTooBig: TOO_BIG,
-    TooManyFrames: TRY_LATER,
-    TooManyConnections: TRY_LATER,
-    SlowReader: TRY_LATER,
-    StoreBusy: TRY_LATER,
-    StorageFailed: TRY_LATER,
-    StreamOwned: NOT_OWNER,
+_CODES: dict[type[Refused], CloseCode] = {
+    IdleConnection: CloseCode.GOING_AWAY,
+    UnreadableFrame: CloseCode.UNSUPPORTED,
+    InvalidFrame: CloseCode.INVALID,
+    InvalidStream: CloseCode.INVALID,
+    RunLimitReached: CloseCode.POLICY,
+    FrameTooBig: CloseCode.TOO_BIG,
+    TooManyFrames: CloseCode.TRY_LATER,
+    TooManyConnections: CloseCode.TRY_LATER,
+    SlowReader: CloseCode.TRY_LATER,
+    StoreBusy: CloseCode.TRY_LATER,
+    StorageFailed: CloseCode.TRY_LATER,
+    StreamOwned: CloseCode.NOT_OWNER,
 }
 
 
-def close_code(err: Refused) -> int:
+def close_code(err: Refused) -> CloseCode:
     """The close code that answers a refusal."""
-    return _CODES.get(type(err), POLICY)
+    return _CODES.get(type(err), CloseCode.POLICY)
 
 
 def short(reason: str, limit: int = 123) -> str:

@@ -12,9 +12,9 @@ from gradwatch.wire import (
     Holding,
     OptimizerInfo,
     Unowned,
-    dump_record,
     parse_record,
 )
+from gradwatch.wirejson import dump_record
 from tests.core.logs import header, optimizer, step
 
 

@@ -10,12 +10,12 @@ import pytest
 
 from gradwatch.spool import MAX_LINE, SpoolReader
 from gradwatch.wire import IngestBatch
-from gradwatch.wirejson import record_text
+from gradwatch.wirejson import dump_record
 from tests.core.logs import header, optimizer, step
 
 
 def _lines(n: int) -> list[str]:
-    return [record_text(r) for r in (header(), optimizer(),
+    return [dump_record(r) for r in (header(), optimizer(),
                                      *(step(2 + i, i) for i in range(n)))]
 
 
@@ -71,8 +71,8 @@ def test_an_invalid_line_and_one_too_long_to_send_are_skipped_and_counted(
 
 def test_a_spool_must_start_with_its_header(tmp_path: Path) -> None:
     spool = tmp_path / "run.jsonl"
-    spool.write_text(record_text(header())[:30])
+    spool.write_text(dump_record(header())[:30])
     assert SpoolReader(spool, "run1", 3).version() is None  # the header is half-written
-    spool.write_text(record_text(step(2, 0)) + "\n")
+    spool.write_text(dump_record(step(2, 0)) + "\n")
     with pytest.raises(ValueError, match="does not start with a header"):
         SpoolReader(spool, "run1", 3).version()

@@ -13,7 +13,7 @@ import pytest
 
 from gradwatch import check
 from gradwatch.steplog import BLOCK, GZIP_MAGIC, LogReader, StepLogError, StepLogWriter, read_log
-from gradwatch.wire import dump_record
+from gradwatch.wirejson import dump_record
 from tests.core.logs import clean_log, header, missed_reset_log, step, write
 
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from gradwatch.validation import plain_error
-from gradwatch.wire import PROTOCOL_VERSION, dump_record, parse_record
+from gradwatch.wire import PROTOCOL_VERSION, parse_record
+from gradwatch.wirejson import dump_record
 from tests.core.logs import clean_log
 
 STEP = json.loads(dump_record(clean_log(1)[1]))

@@ -20,11 +20,11 @@ from gradwatch.wire import (
     Site,
     Step,
     StepSites,
-    dump_record,
     json_schema,
     parse_record,
     trusted,
 )
+from gradwatch.wirejson import dump_record
 from tests.core.logs import header, step
 
 

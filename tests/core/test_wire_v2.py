@@ -31,12 +31,11 @@ from gradwatch.wire import (
     StepSites,
     Unowned,
     batch_json,
-    dump_record,
     json_schema,
     parse_record,
     trusted,
 )
-from gradwatch.wirejson import ObjectJson, step_text
+from gradwatch.wirejson import ObjectJson, dump_record, step_text
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAN, INF = math.nan, math.inf

@@ -24,7 +24,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 from websockets.sync.server import ServerConnection, serve
 
-from gradwatch.frames import Ack, Hello, Resume
+from gradwatch.frames import Ack, CloseCode, Hello, Resume
 from gradwatch.stream import Streamer
 from gradwatch.streamkey import key_file, own_key, read_key
 from gradwatch.wire import End, IngestBatch
@@ -87,6 +87,26 @@ def test_a_stranger_cannot_end_or_advance_a_streaming_run(tmp_path: Path) -> Non
     assert "Traceback" not in srv.log.read_text()  # refusals are answers, not crashes
 
 
+def test_a_streamer_without_the_key_stops_and_says_it_was_refused_as_not_owner(
+        tmp_path: Path) -> None:
+    recs = synth.records("mine", steps=20, end=False)
+    log = tmp_path / "mine.jsonl"
+    log.write_text(synth.log_text(recs))
+    with ServerProc(tmp_path / "data") as srv:
+        s = streaming(srv, log, "mine")
+        s.close(timeout=20)
+        assert s.stats().acked_seq == len(recs) - 1 and s.stats().refused is None
+        other = Streamer(srv.ws, log, "mine", key="k" * 32)
+        other.start()
+        other.notify()
+        other.close(timeout=10)
+        st = other.stats()
+        assert st.refused is CloseCode.NOT_OWNER, st
+        assert st.disabled is not None and "belongs to" in st.disabled
+        assert st.sent == 0 and st["disabled"] == st.disabled  # also read as a mapping
+        assert srv.get("/api/runs/mine")["steps"] == 20
+
+
 def _delete(srv: ServerProc, run: str) -> tuple[int, str]:
     req = urllib.request.Request(f"{srv.http}/api/runs/{run}", method="DELETE")
     try:
@@ -141,6 +161,7 @@ def test_replay_resume_proves_ownership_with_the_log_key(tmp_path: Path) -> None
         key_file(log).unlink()
         r = gw("replay", str(log), "--server", srv.ws, "--resume", "--timeout", "5")
         assert r.returncode == 1 and "belongs to" in r.stderr, r.stdout + r.stderr
+        assert f"kept the stream's key in {key_file(log)}" in r.stderr  # told by its 4403
         assert srv.get("/api/runs/resumed")["steps"] == 48
         key_file(log).write_text(key)  # put back, but readable by others: not used
         r = gw("replay", str(log), "--server", srv.ws, "--resume", "--timeout", "5")

@@ -154,6 +154,8 @@ def test_streamer_gets_notified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     import sys
     import types
 
+    from gradwatch.stream import StreamStats
+
     events: list[str] = []
     keys: list[str | None] = []
 
@@ -172,8 +174,8 @@ def test_streamer_gets_notified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         def close(self, timeout: float = 5.0) -> None:
             events.append("close")
 
-        def stats(self) -> dict[str, int]:
-            return {"dropped": 2}
+        def stats(self) -> StreamStats:
+            return StreamStats(dropped=2)
 
     monkeypatch.setitem(sys.modules, "gradwatch.stream",
                         types.SimpleNamespace(Streamer=FakeStreamer))
@@ -193,7 +195,8 @@ def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
     import threading
 
     from gradwatch.probe.writer import RecordWriter
-    from gradwatch.wire import Header, dump_record
+    from gradwatch.wire import Header
+    from gradwatch.wirejson import dump_record
 
     gate = threading.Event()
 
