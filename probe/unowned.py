@@ -49,7 +49,7 @@ from gradwatch.probe import names
 from gradwatch.probe.backwards import Backwards
 from gradwatch.probe.facts import StepCount
 from gradwatch.probe.manual import Doors, Manual, named_by_frames
-from gradwatch.probe.norms import values
+from gradwatch.probe.norms import local_values
 from gradwatch.probe.shards import local, readable
 from gradwatch.wire import NAME_MAX_CHARS, clip
 from gradwatch.wire import Unowned as UnownedRecord
@@ -180,12 +180,13 @@ class Unowned:
         if self.tick % SLOW == 0:
             look += self._alive(self.settled)
         members = self.manual.params
-        tensors = [*members, *(t for _, t in look)]
-        if not tensors:
+        # each tensor made local once: its version and its norm read from the same one
+        shards = [*map(local, members), *(loc for _, _, loc in look)]
+        if not shards:
             self._after_boundary()
             return
-        vers = [local(t)._version for t in tensors]
-        norms = values(tensors)
+        vers = [s._version for s in shards]
+        norms = local_values(shards)
         m = len(members)
         fp = self.member_fp
         moved = False
@@ -195,14 +196,16 @@ class Unowned:
             fp[id(p)] = (vers[j], norms[j])
         joins: list[tuple[_Leaf, torch.Tensor]] = []
         idle: list[tuple[_Leaf, torch.Tensor]] = []
+        joined_at: dict[int, int] = {}  # the version each joining tensor was looked at in
         steps, real = self.steps.n, self._real_steps()
-        for j, (lf, t) in enumerate(look, m):
+        for j, (lf, t, _) in enumerate(look, m):
             key = id(t)
             if lf.ver is not None and _changed(vers[j], norms[j], lf.ver, lf.norm):
                 lf.quiet = 0
                 if (key in self.end_grads or t.grad is not None) and (
                         lf.param or self._may_join(lf, t, real)):
                     joins.append((lf, t))  # updated by hand
+                    joined_at[key] = vers[j]
             else:
                 lf.quiet += 1
                 if lf.quiet >= PROBATION and key in self.probation:
@@ -225,7 +228,7 @@ class Unowned:
             self.settled.pop(key, None)
             if self.untrained.pop(key, None) is not None:
                 self.dirty = True
-            fp[key] = (local(t)._version, lf.norm)  # as looked at just now
+            fp[key] = (joined_at[key], lf.norm)  # as looked at just now
         if moved or joins:
             self.manual.step([t for _, t in joins], self.end_grads)
         self._after_boundary()
@@ -237,7 +240,7 @@ class Unowned:
         for p in self.manual.params:
             if (g := p.grad) is not None:
                 grads[id(p)] = g
-        for _, t in self._alive(self.probation):
+        for _, t, _ in self._alive(self.probation):
             if (g := t.grad) is not None:
                 grads[id(t)] = g
         self.end_grads = grads
@@ -252,9 +255,11 @@ class Unowned:
             self._send()
 
     # ---------------------------------------------------------------- internals
-    def _alive(self, leaves: dict[int, _Leaf]) -> list[tuple[_Leaf, torch.Tensor]]:
-        """The leaves still alive and held by no watched optimizer (the others are dropped:
-        an untrained parameter an optimizer holds since stays untrained)."""
+    def _alive(self, leaves: dict[int, _Leaf]
+               ) -> list[tuple[_Leaf, torch.Tensor, torch.Tensor]]:
+        """The leaves still alive and held by no watched optimizer, each with its local
+        tensor (a DTensor's shard; the others are dropped: an untrained parameter an
+        optimizer holds since stays untrained)."""
         out = []
         owned = self.owned
         dead = []
@@ -262,11 +267,11 @@ class Unowned:
             t = lf.ref()
             if t is None or t in owned:
                 dead.append(key)
-            elif not readable(local(t)):  # storage freed since (FSDP2 resharded it)
+            elif not readable(loc := local(t)):  # storage freed since (FSDP2 resharded it)
                 dead.append(key)
                 self.elsewhere[key] = lf.ref
             else:
-                out.append((lf, t))
+                out.append((lf, t, loc))
         for key in dead:
             del leaves[key]
         return out
