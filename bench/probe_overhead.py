@@ -10,8 +10,11 @@ too, for reference.) Next to it, the probe's own CPU norms alone
 floor's kernels with their values read by stacking them.
 Modes are measured side by side in interleaved blocks, their order rotating from block to
 block, so drift in machine speed hits all of them alike; the floor is a mode of its own, so
-the baseline's steps run with nothing between them. Targets: judging <= 1.03x baseline
-(MLP), <= 1.05x (many-tensor); norms every step <= baseline + 1.5 x floor.
+the baseline's steps run with nothing between them. Targets: judging <= 1.01x baseline
+(MLP), <= 1.03x (many-tensor); norms every step <= baseline + 1.0 x floor. Beside judging,
+the same with the loss capture off (what recording each step's loss costs), and with
+``--previous CHECKOUT`` the previous release's judging and norms in the same blocks
+(:mod:`previous`).
 
 Figures are printed twice from the same run: wall-clock time and process CPU time; each
 also as a paired estimate (the cost block by block, then the median over blocks), which a
@@ -25,16 +28,18 @@ Apart from the targets, long blocks measure what the probe's writer thread costs
 training thread: its drains hold the GIL, and the training thread waits for it.
 
 Run: ``python bench/probe_overhead.py [--model both|mlp|many] [--blocks N] [--steps N]
-[--threads N] [--wait-blocks N] [--wait-seconds S]``
+[--threads N] [--wait-blocks N] [--wait-seconds S] [--previous CHECKOUT]``
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import math
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -47,6 +52,9 @@ import gradwatch
 from gradwatch.probe import reach
 from gradwatch.probe.cpuplan import CpuPlan
 from gradwatch.probe.writer import RecordWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from previous import Previous  # noqa: E402 - a module beside this script
 
 
 def _mlp() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
@@ -61,8 +69,10 @@ def _many() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     return m, torch.randn(64, 64), torch.randint(0, 64, (64,))
 
 
-MODES = ("baseline", "judging", "norms", "unwritten", "hooks", "reader")
-"""``unwritten``, ``hooks`` and ``reader`` take the cost apart (no targets): ``unwritten``
+MODES = ("baseline", "judging", "norms", "noloss", "unwritten", "hooks", "reader")
+"""``noloss`` is judging with the loss capture off (the learning rate still read): beside
+judging, what recording each step's loss costs.
+``unwritten``, ``hooks`` and ``reader`` take the cost apart (no targets): ``unwritten``
 is norms every step with the records dropped instead of handed to the writer thread
 (which drains every 0.1 s after the watch starts: the report says how many blocks' timed
 steps saw a drain; the MLP's blocks mostly end before the first, the many-tensor model's span
@@ -73,6 +83,8 @@ Python frame; the engine's call into Python is most of either's cost);
 ``reader`` is a bare step pre-hook running the floor's kernels where the step reads the
 gradients, inside a whole training step, and keeping the values (read at once, stacked in
 one copy)."""
+PREVIOUS = ("prev_judging", "prev_norms")
+"""With ``--previous``: the previous release's judging and norms every step."""
 
 Clock = Callable[[], float]
 CLOCKS: dict[str, Clock] = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -91,14 +103,15 @@ def _setup(make: Make) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor,
     return model, x, y, torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
 
 
-def bench(name: str, make: Make,
-          blocks: int, steps: int, tmp: Path) -> dict[str, dict[str, float]]:
+def bench(name: str, make: Make, blocks: int, steps: int, tmp: Path,
+          previous: Previous | None = None) -> dict[str, dict[str, float]]:
     model, x, y, opt = _setup(make)
     params = list(model.parameters())
     loss_fn = torch.nn.functional.cross_entropy
-    modes = (*MODES, "floor", "stacked", "kernels", "floor_after_step", "walk")
+    timed_modes = (*MODES, *(PREVIOUS if previous is not None else ()))
+    modes = (*timed_modes, "floor", "stacked", "kernels", "floor_after_step", "walk")
     times: dict[str, dict[str, list[float]]] = {c: {m: [] for m in modes} for c in CLOCKS}
-    phases: dict[str, list[list[float]]] = {m: [] for m in MODES}
+    phases: dict[str, list[list[float]]] = {m: [] for m in timed_modes}
     """Wall time of each phase of each timed step (:data:`PHASES`)."""
     drained: dict[str, list[bool]] = {"judging": [], "norms": []}
     """Per block: whether the writer thread wrote records while the timed steps ran."""
@@ -151,11 +164,20 @@ def bench(name: str, make: Make,
     def attach(mode: str, b: int) -> tuple[Callable[[], None], RecordWriter | None]:
         """Start ``mode``; returns how to stop it, and its watch's writer (None without a
         watch)."""
-        if mode in ("judging", "norms", "unwritten"):
+        if mode in PREVIOUS and previous is not None:
+            stack = contextlib.ExitStack()
+            old = stack.enter_context(previous.active())
+            handle = old.watch(opt, log=tmp / f"{name}-{mode}-{b}.jsonl",
+                               norms_every=0 if mode == "prev_judging" else 1)
+            stack.callback(handle.close)  # closed first, its modules still in place
+            return stack.close, handle.writer
+        if mode in ("judging", "norms", "noloss", "unwritten"):
             handle = gradwatch.watch(opt, log=tmp / f"{name}-{mode}-{b}.jsonl",
-                                     norms_every=0 if mode == "judging" else 1)
+                                     norms_every=1 if mode in ("norms", "unwritten") else 0)
             if mode == "unwritten":
                 handle.tracker.emit = lambda _record: None
+            if mode == "noloss":
+                handle.tracker.roots.on = False
             return handle.close, handle.writer
         hs: list[RemovableHandle] = []
         if mode == "hooks":
@@ -182,7 +204,7 @@ def bench(name: str, make: Make,
                 if what == "floor":
                     timed("floor_after_step", floor)
 
-    rotation = (*MODES, "floor")
+    rotation = (*timed_modes, "floor")
     for _ in range(5):
         step()
     for b in range(blocks):
@@ -247,6 +269,8 @@ def writer_waits(make: Make, blocks: int, seconds: float, tmp: Path) -> dict[str
 
 
 PHASES = ("zero_grad", "forward", "backward", "step")
+NORMS_TARGET = 1.0
+"""Norms every step: at most baseline + this many times the floor."""
 
 
 def per_block(v: list[float], steps: int) -> list[float]:
@@ -260,7 +284,7 @@ def by_phase(phases: dict[str, list[list[float]]], steps: int) -> dict[str, floa
     out = {}
     for i, ph in enumerate(PHASES):
         base = per_block([s[i] for s in phases["baseline"]], steps)
-        for m in MODES[1:]:
+        for m in [m for m in phases if m != "baseline"]:
             mine = per_block([s[i] for s in phases[m]], steps)
             out[f"phase_{m}_{ph}"] = 1e6 * statistics.median(
                 x - b for x, b in zip(mine, base, strict=True))
@@ -272,15 +296,20 @@ def paired(t: dict[str, list[float]], steps: int) -> dict[str, float]:
     so a slow spell of a shared machine hits them alike), then the median over blocks."""
     blocks = {m: per_block(v, steps) for m, v in t.items()}
     base, floor = blocks["baseline"], blocks["floor"]
-    judging = [j / b for j, b in zip(blocks["judging"], base, strict=True)]
-    out = {"paired_judging": statistics.median(judging),
-           "paired_judging_se": median_se(judging)[0]}
-    for m in ("norms", "unwritten", "hooks", "reader"):
+    out = {}
+    for m in ("judging", "noloss", "prev_judging"):
+        if m in blocks:
+            ratio = [j / b for j, b in zip(blocks[m], base, strict=True)]
+            out[f"paired_{m}"] = statistics.median(ratio)
+            out[f"paired_{m}_se"] = median_se(ratio)[0]
+    for m in ("norms", "unwritten", "hooks", "reader", "prev_norms"):
+        if m not in blocks:
+            continue
         per = [(x - b) / f for x, b, f in zip(blocks[m], base, floor, strict=True)]
         out[f"paired_{m}"] = statistics.median(per)
-        if m == "norms":  # how much the blocks disagree: the middle half of them
+        if m in ("norms", "prev_norms"):  # how much the blocks disagree: the middle half
             se, q1, q3 = median_se(per)
-            out["paired_norms_se"], out["paired_norms_q1"], out["paired_norms_q3"] = se, q1, q3
+            out[f"paired_{m}_se"], out[f"paired_{m}_q1"], out[f"paired_{m}_q3"] = se, q1, q3
     return out
 
 
@@ -311,13 +340,13 @@ def report_waits(w: dict[str, float], floor_ms: float) -> None:
 
 def report(name: str, target: float, r: dict[str, float], clock: str, blocks: int) -> None:
     base, judging, norms, floor = r["baseline"], r["judging"], r["norms"], r["floor"]
-    budget = base + 1.5 * floor
+    budget = base + NORMS_TARGET * floor
     print(f"\n{name}: median step, ms ({clock} clock, {blocks} blocks)")
     print(f"  baseline             {base:8.3f}")
     print(f"  judging only         {judging:8.3f}   x{judging / base:.3f}   "
           f"(target <= x{target:.2f}: {'ok' if judging <= target * base else 'MISS'})")
     print(f"  norms every step     {norms:8.3f}   x{norms / base:.3f}   "
-          f"(target <= baseline + 1.5 x floor = {budget:.3f}: "
+          f"(target <= baseline + {NORMS_TARGET:.1f} x floor = {budget:.3f}: "
           f"{'ok' if norms <= budget else 'MISS'})")
     print(f"  floor (norms alone)  {floor:8.3f}   "
           f"probe cost with norms = {(norms - base) / floor:.2f} x floor")
@@ -337,6 +366,17 @@ def report(name: str, target: float, r: dict[str, float], clock: str, blocks: in
           f"{r['paired_norms']:.2f} +- {_se_text(r['paired_norms_se'], 2)} x floor "
           f"(+- one standard error of the median, from the blocks' spread: the middle half "
           f"of blocks {r['paired_norms_q1']:.2f} to {r['paired_norms_q3']:.2f})")
+    print(f"  loss capture off     judging x{r['paired_noloss']:.3f} "
+          f"(+-{_se_text(r['paired_noloss_se'], 3)}), paired; median step {r['noloss']:.3f}"
+          f" = x{r['noloss'] / base:.3f}: the loss capture costs "
+          f"{(r['paired_judging'] - r['paired_noloss']) * base * 1e3:+.1f} us a step")
+    if "paired_prev_judging" in r:
+        print(f"  previous release     judging x{r['paired_prev_judging']:.3f} "
+              f"(+-{_se_text(r['paired_prev_judging_se'], 3)}), norms every step = "
+              f"baseline + {r['paired_prev_norms']:.2f} +- "
+              f"{_se_text(r['paired_prev_norms_se'], 2)} x floor (paired; median steps "
+              f"x{r['prev_judging'] / base:.3f}, "
+              f"{(r['prev_norms'] - base) / floor:+.2f} x floor)")
     hooks, reader, unwritten = r["paired_hooks"], r["paired_reader"], r["paired_unwritten"]
     print(f"  the writer thread drained during the timed steps of "
           f"{r['drained_norms']:.0%} of the blocks with norms every step "
@@ -349,8 +389,12 @@ def report(name: str, target: float, r: dict[str, float], clock: str, blocks: in
     if "phase_norms_step" in r:
         print(f"  by phase (paired, us over the baseline: {' / '.join(PHASES)}):")
         for m, label in (("hooks", "no-op hooks"), ("reader", "bare reader"),
-                         ("judging", "judging only"), ("unwritten", "norms, unwritten"),
-                         ("norms", "norms every step")):
+                         ("judging", "judging only"), ("noloss", "judging, no loss"),
+                         ("unwritten", "norms, unwritten"), ("norms", "norms every step"),
+                         ("prev_judging", "previous, judging"),
+                         ("prev_norms", "previous, norms")):
+            if f"phase_{m}_step" not in r:
+                continue
             cells = " / ".join(f"{r[f'phase_{m}_{ph}']:+6.1f}" for ph in PHASES)
             print(f"    {label:18s} {cells}")
 
@@ -376,19 +420,25 @@ def main() -> None:
                     help="blocks of each kind for the writer's waits")
     ap.add_argument("--wait-seconds", type=float, default=1.0,
                     help="seconds per block for the writer's waits")
+    ap.add_argument("--previous", type=Path, default=None, metavar="CHECKOUT",
+                    help="a checkout of the previous release (`git worktree add /tmp/prev "
+                    "REV`): its judging and norms are timed in the same blocks")
     args = ap.parse_args()
     logging.getLogger("gradwatch").setLevel(logging.ERROR)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"interleaved blocks of {args.steps} steps per mode")
     with tempfile.TemporaryDirectory() as d:
+        previous = None if args.previous is None else Previous(args.previous, Path(d))
+        if previous is not None:
+            print(f"previous release: {previous.where}")
         for key, name, make, target, blocks in (
-                ("mlp", "MLP 784-512-512-10, batch 64", _mlp, 1.03, 800),
-                ("many", "200 x Linear(64,64), batch 64", _many, 1.05, 300)):
+                ("mlp", "MLP 784-512-512-10, batch 64", _mlp, 1.01, 800),
+                ("many", "200 x Linear(64,64), batch 64", _many, 1.03, 300)):
             if args.model not in ("both", key):
                 continue
             blocks = args.blocks or blocks
-            r = bench(name.split()[0], make, blocks, args.steps, Path(d))
+            r = bench(name.split()[0], make, blocks, args.steps, Path(d), previous)
             w = writer_waits(make, args.wait_blocks, args.wait_seconds, Path(d))
             for clock in CLOCKS:
                 report(name, target, r[clock], clock, blocks)

@@ -17,14 +17,15 @@ import weakref
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from gradwatch.probe.deliberate import shares_graph, tensors_of, wrote_input_grad
 
-if TYPE_CHECKING:
-    from gradwatch.probe.ledger import Ledger
+L = TypeVar("L")
+"""What the session's ledgers are (:class:`~gradwatch.probe.ledger.Ledger`, which imports
+this module: it is never imported back)."""
 
 _PRUNE_AT = 50_000
 """First consumers kept before the oldest are forgotten, down to the last :data:`_KEEP`
@@ -32,7 +33,7 @@ backwards (a reset never removes contributions that old)."""
 _KEEP = 20_000
 
 
-class Backwards:
+class Backwards(Generic[L]):
     """What the ledgers of one session share: backward numbers and phases, the first step
     that consumed each backward, the backwards a skipped step looked at, which ledgers are
     armed (their consumed gradients not cleared by a zero_grad) or watch their gradients
@@ -53,10 +54,10 @@ class Backwards:
         self._first: dict[int, tuple[int, int]] = {}
         """Backward -> ``(ledger uid, phase)`` of the first step that consumed it."""
         self._observed: set[int] = set()
-        self.armed: set[Ledger] = set()
+        self.armed: set[L] = set()
         """Ledgers that take the ``.grad`` state around each backward (see
         :mod:`gradwatch.probe.handresets`)."""
-        self.lossy: set[Ledger] = set()
+        self.lossy: set[L] = set()
         """Ledgers that take their gradients after each backward until their next step: a
         reset threw contributions away (see :mod:`gradwatch.probe.deliberate`)."""
         self._ledgers = 0
@@ -179,10 +180,10 @@ class Backwards:
         """A skipped step looked at the contributions of backwards ``bws``."""
         self._observed.update(bws)
 
-    def arm(self, ledger: Ledger) -> None:
+    def arm(self, ledger: L) -> None:
         self.armed.add(ledger)
 
-    def disarm(self, ledger: Ledger) -> None:
+    def disarm(self, ledger: L) -> None:
         self.armed.discard(ledger)
 
     def stepped(self) -> None:

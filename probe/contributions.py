@@ -13,6 +13,7 @@ only when a path needs them per parameter, so the usual step never touches them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -32,7 +33,7 @@ class Contributions:
     __slots__ = ("params", "index", "backwards", "hand", "incoming", "hits", "cur_bw",
                  "lazy_old", "dirty", "old", "new", "pending", "old_sites", "judge", "reader")
 
-    def __init__(self, params: list[torch.Tensor], backwards: Backwards,
+    def __init__(self, params: list[torch.Tensor], backwards: Backwards[Any],
                  reader: GradReader) -> None:
         self.params = params
         self.reader = reader

@@ -32,6 +32,7 @@ only when a reset threw contributions away, except the version snapshot each pha
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ from gradwatch.probe.shards import GradReader, local
 
 _SAMPLE = 32
 """Parameters whose versions are taken when a phase begins (spread over the list)."""
+_version = attrgetter("_version")
 _MAX_NODES = 100_000
 """Graph nodes walked at most when looking for an attack's input leaf."""
 
@@ -48,13 +50,15 @@ _MAX_NODES = 100_000
 class Deliberate:
     """What one optimizer's ledger needs to tell a deliberate discard from a bug."""
 
-    __slots__ = ("params", "sample", "versions", "left", "owner", "reader")
+    __slots__ = ("params", "sample", "sampled", "versions", "left", "owner", "reader")
 
     def __init__(self, params: list[torch.Tensor], reader: GradReader) -> None:
         self.params = params
         """The ledger's own list (parameters added later are appended to it)."""
         self.reader = reader
         self.sample: list[int] = []
+        self.sampled: list[torch.Tensor] = []
+        """The :attr:`sample` parameters themselves (read each phase: no indexing then)."""
         self.versions: list[int] = []
         """The versions of the :attr:`sample` parameters when the phase began."""
         self.left: list[torch.Tensor | None] | None = None
@@ -69,12 +73,15 @@ class Deliberate:
         last = min(n, _SAMPLE) - 1
         self.sample = sorted({round(i * (n - 1) / last) for i in range(last + 1)}
                              if last > 0 else range(n))
+        self.sampled = [self.params[k] for k in self.sample]
         self.phase_began()
 
     def phase_began(self) -> None:
         """The first backward after a step starts: take the sampled parameters' versions."""
-        params = self.params
-        self.versions = [local(params[k])._version for k in self.sample]
+        sampled = self.sampled
+        if self.reader.sharded:  # a DTensor's version is its local shard's
+            sampled = [local(p) for p in sampled]
+        self.versions = list(map(_version, sampled))
 
     def moved(self, ks: Collection[int]) -> bool:
         """Whether the parameters of ``ks`` were changed in place since the phase began:

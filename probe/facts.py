@@ -28,6 +28,16 @@ Hits = list[Any]
 """A hit list (see the module docstring): parameters or indices, and ``-bw`` markers."""
 
 
+class StepCount:
+    """The steps a session's optimizers took so far (all of them, ``manual`` included): the
+    tracker counts, the parts it hands this to read :attr:`n`."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
 class ResetFact(NamedTuple):
     """A reset since the previous step. The parameters it covered are :attr:`params` plus
     those in :attr:`cleared`."""

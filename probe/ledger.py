@@ -72,7 +72,7 @@ class Ledger:
                  "step", "tally", "in_step", "deliberate", "reader", "reset_site")
 
     def __init__(self, opt: torch.optim.Optimizer, name: str, params: list[torch.Tensor],
-                 groups: list[int], backwards: Backwards, norms_every: int) -> None:
+                 groups: list[int], backwards: Backwards[Ledger], norms_every: int) -> None:
         self.opt = opt
         self.uid = backwards.join()
         self.name = name

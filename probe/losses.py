@@ -30,6 +30,7 @@ from gradwatch.probe.shards import is_dtensor, local
 
 log = logging.getLogger("gradwatch.probe")
 
+_Tensor = torch.Tensor
 UNSCALED = "_gradwatch_unscaled"
 """The attribute ``GradScaler.scale``'s wrapper sets on its output: the tensor it scaled."""
 _KEEP = 1024
@@ -59,6 +60,10 @@ def capture(t: Any) -> Value | None:
     src = getattr(t, UNSCALED, None)
     if src is not None:
         t = src
+    if type(t) is _Tensor and t.is_cpu:  # the usual loss, first: the fewest calls
+        # On the CPU ``.item()`` waits for nothing and costs less than keeping a copy for
+        # the writer thread; no later in-place change of the loss reaches the value.
+        return float(t.item()) if t.numel() == 1 and t.is_floating_point() else None
     if is_dtensor(t):  # a loss of parallel layers: read the local value, never reduce it
         if not all(pl.is_replicate() for pl in t.placements):
             return None  # a partial or sharded loss: no rank holds its value
@@ -69,6 +74,10 @@ def capture(t: Any) -> Value | None:
     if kind == "cpu":
         return float(t.item())
     if kind == "cuda":
+        # No sync on the training thread: the copy is queued on the loss's stream behind
+        # the kernels that compute it, and the writer thread waits on the event before it
+        # reads the host tensor (records.loss_of). Queued now, before anything the loop
+        # does next, so a later in-place change of the loss does not reach the copy.
         host = t.detach().reshape(()).to("cpu", non_blocking=True)  # pinned: torch pins it
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(t.device))
@@ -191,8 +200,11 @@ def learning_rates(opt: Any) -> list[float] | None:
     """Each param group's ``lr`` as a float, or None when one is missing or is a tensor
     that is not on the CPU (reading it would sync with the device); never raises."""
     try:
+        groups = opt.param_groups
+        if len(groups) == 1 and type(lr := groups[0].get("lr")) is float:
+            return [lr]  # the usual optimizer, first: the fewest calls
         out = []
-        for g in opt.param_groups:
+        for g in groups:
             lr = g.get("lr")
             if isinstance(lr, (float, int)) and not isinstance(lr, bool):
                 out.append(float(lr))

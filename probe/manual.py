@@ -8,6 +8,8 @@ such an update at the next *boundary* (a backward starting, or a ``Module.zero_g
 calls :meth:`Manual.step` there; the step is then counted and judged by an ordinary
 :class:`~gradwatch.probe.ledger.Ledger` (the same four kinds), attached through the tracker
 to a stand-in optimizer (:class:`ManualUpdates`) whose ``param_groups`` hold those parameters.
+What it needs of the tracker it is handed when made (:class:`Doors`): how to attach and grow
+the stand-in, and where a step's facts go.
 
 The update read the gradients as the last backward left them, but a reset may have run since
 (``p.grad = None`` or ``model.zero_grad()`` right after the update). So the step runs with
@@ -20,8 +22,8 @@ step counted fresh contributions, its norms are taken when each backward ends in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 
@@ -31,7 +33,6 @@ from gradwatch.probe.norms import sample
 
 if TYPE_CHECKING:
     from gradwatch.probe.ledger import Ledger
-    from gradwatch.probe.tracker import Tracker
 
 NAME = "manual"
 """The virtual optimizer's name (a ``'`` is added if the script named an optimizer so)."""
@@ -51,17 +52,30 @@ class ManualUpdates:
         return named_by_frames(params, names, "group0.")
 
 
+class Doors(NamedTuple):
+    """What the virtual optimizer is given of the tracker that made it."""
+
+    attach: Callable[[torch.optim.Optimizer, str], Ledger]
+    """Start tracking an optimizer under a name (no step hooks of its own): its ledger."""
+    grew: Callable[[torch.optim.Optimizer], None]
+    """A tracked optimizer's ``param_groups`` grew: track the new parameters."""
+    emit_step: Callable[[StepFacts], None]
+    """Hand a step's facts over (the loss and lr are added as for any step)."""
+    norms_every: int
+    """The session's norm sampling (every N steps, 0 never)."""
+
+
 class Manual:
     """The virtual optimizer of one session: created at its first step. Owned by
     :class:`~gradwatch.probe.unowned.Unowned`."""
 
-    __slots__ = ("tracker", "opt", "led", "every", "at_end", "pre_norms")
+    __slots__ = ("doors", "opt", "led", "every", "at_end", "pre_norms")
 
-    def __init__(self, tracker: Tracker) -> None:
-        self.tracker = tracker
+    def __init__(self, doors: Doors) -> None:
+        self.doors = doors
         self.opt = ManualUpdates()
         self.led: Ledger | None = None
-        self.every = tracker.norms_every
+        self.every = doors.norms_every
         self.at_end = False
         """Norms are taken when each backward ends (gradients were seen zeroed in place
         between an update and the next boundary)."""
@@ -93,7 +107,7 @@ class Manual:
             for p, g in restore:
                 p.grad = g
         self._settle_norms(facts)
-        self.tracker._emit_step(facts)
+        self.doors.emit_step(facts)
 
     def after_backward(self) -> None:
         """A backward ended: take the norms its gradients have, when the next step needs
@@ -108,9 +122,9 @@ class Manual:
         # attach and its ledger read only ``param_groups`` (and ``grad_scale`` if there)
         stand_in = cast(torch.optim.Optimizer, self.opt)
         if self.led is None:
-            self.led = self.tracker.attach(stand_in, NAME, instance_hooks=False)
+            self.led = self.doors.attach(stand_in, NAME)
         else:
-            self.tracker.opt_add_param_group(stand_in)
+            self.doors.grew(stand_in)
 
     def _settle_norms(self, facts: StepFacts) -> None:
         """The step's norms: taken at the last backward's end (:attr:`at_end`), or as the

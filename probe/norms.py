@@ -141,8 +141,13 @@ def _norm_list(grads: list[torch.Tensor]) -> torch.Tensor:
 def values(grads: list[torch.Tensor]) -> list[float]:
     """Norms of ``grads`` on the host (one copy for the whole list); a DTensor's are its
     local shard's."""
+    return local_values([local(g) for g in grads])
+
+
+def local_values(tensors: list[torch.Tensor]) -> list[float]:
+    """:func:`values` of tensors that are local already (no DTensor among them)."""
     with torch.no_grad():
-        out: list[float] = _norm_list([local(g) for g in grads]).tolist()
+        out: list[float] = _norm_list(tensors).tolist()
     return out
 
 

@@ -59,7 +59,8 @@ def _kind(frame: FrameType) -> int:
 class Sites:
     """The call sites of one watch session: ids from 1, each sent to ``emit`` once."""
 
-    __slots__ = ("_emit", "_kinds", "_by_key", "_by_line", "_stand_ins", "reset_hook")
+    __slots__ = ("_emit", "_kinds", "_by_key", "_by_line", "_by_def", "_stand_ins",
+                 "reset_hook")
 
     def __init__(self, emit: Callable[[Site], None]) -> None:
         self._emit = emit
@@ -68,6 +69,10 @@ class Sites:
         self._by_key: dict[tuple[int, int], int] = {}
         """``(id(code), f_lasti) -> site id``."""
         self._by_line: dict[tuple[str, int, str], int] = {}
+        self._by_def: dict[int, tuple[CodeType, int]] = {}
+        """``id(code) -> (code, site id)`` of a function's ``def`` line (a stand-in's, the
+        reset hook's), asked for at every call a framework makes: its file's name (a
+        notebook cell's costs an IPython call) is looked up once."""
         self._stand_ins: dict[str, CodeType] = {}
         """Per role, the user's code to name where a framework makes the call."""
         self.reset_hook: CodeType | None = None
@@ -78,7 +83,7 @@ class Sites:
     def hook_site(self) -> int:
         """The site of :attr:`reset_hook` (its ``def`` line), 0 without one."""
         code = self.reset_hook
-        return 0 if code is None else self._line(code, code.co_firstlineno)
+        return 0 if code is None else self._def_site(code)
 
     def stand_in(self, role: str, code: CodeType) -> None:
         """Name ``code`` (a function of the user's: a LightningModule's ``training_step``,
@@ -107,8 +112,7 @@ class Sites:
                 # the framework made the call: the user's function standing for it, else
                 # the user's line that started the framework (``trainer.fit(model)``)
                 stand = self._stand_ins.get(role)
-                return self._site(f) if stand is None else self._line(stand,
-                                                                       stand.co_firstlineno)
+                return self._site(f) if stand is None else self._def_site(stand)
             if kind == _FRAMEWORK:
                 if inner is None:
                     inner = f
@@ -117,7 +121,7 @@ class Sites:
             n += 1
         stand = self._stand_ins.get(role)
         if stand is not None:
-            return self._line(stand, stand.co_firstlineno)
+            return self._def_site(stand)
         return 0 if inner is None else self._site(inner)
 
     skip_tracing(here, "gradwatch's call-site lookup (reads frames)")
@@ -131,6 +135,15 @@ class Sites:
         if id(code) not in self._kinds:  # keep the code alive while its id is a key
             self._kinds[id(code)] = (code, _kind(f))
         sid = self._by_key[key] = self._line(code, f.f_lineno or code.co_firstlineno)
+        return sid
+
+    def _def_site(self, code: CodeType) -> int:
+        """The site id of the ``def`` line of ``code``."""
+        known = self._by_def.get(id(code))
+        if known is not None:
+            return known[1]
+        sid = self._line(code, code.co_firstlineno)
+        self._by_def[id(code)] = (code, sid)  # the code kept: its id stays its own
         return sid
 
     def _line(self, code: CodeType, lineno: int) -> int:

@@ -38,13 +38,13 @@ from pydantic import BaseModel
 from torch.utils.hooks import RemovableHandle
 
 from gradwatch.probe.backwards import Backwards
-from gradwatch.probe.facts import JudgedStep, StepFacts
+from gradwatch.probe.facts import JudgedStep, StepCount, StepFacts
 from gradwatch.probe.handresets import ArmedBackward
 from gradwatch.probe.holding import Holdings
 from gradwatch.probe.hparams import group_hparams
 from gradwatch.probe.ledger import Ledger
 from gradwatch.probe.losses import Roots, learning_rates
-from gradwatch.probe.manual import ManualUpdates
+from gradwatch.probe.manual import Doors, ManualUpdates
 from gradwatch.probe.names import Namer, positional
 from gradwatch.probe.nocompile import no_compile
 from gradwatch.probe.shards import placements
@@ -79,7 +79,7 @@ class Tracker:
 
     __slots__ = ("on", "backwards", "ledgers", "marks", "by_param", "handles", "own_hooks",
                  "post_hooked", "unhooked", "emit", "norms_every", "namer", "auto",
-                 "on_disable", "disabled", "steps", "_names_taken", "labeler", "labels",
+                 "on_disable", "disabled", "step_count", "_names_taken", "labeler", "labels",
                  "sites", "shared", "unowned", "holdings", "roots", "last_step", "unlabelled")
 
     def __init__(self, emit: Emit, *, norms_every: int = 1, namer: Namer | None = None,
@@ -88,7 +88,7 @@ class Tracker:
         self.on = True
         """False once turned off (an internal error, or closed)."""
         self.by_param: dict[torch.Tensor, list[tuple[Ledger, int]]] = {}
-        self.backwards = Backwards(held=self.by_param)
+        self.backwards: Backwards[Ledger] = Backwards(held=self.by_param)
         self.ledgers: dict[torch.optim.Optimizer, Ledger] = {}
         self.marks: list[Callable[[int], None]] = []
         """Each ledger's ``incoming.append``: where a backward's marker goes."""
@@ -109,7 +109,7 @@ class Tracker:
         self.auto = auto
         self.on_disable = on_disable
         self.disabled: str | None = None
-        self.steps = 0
+        self.step_count = StepCount()
         self._names_taken: set[str] = set()
         self.labeler = labeler
         """Finds what the user calls an optimizer given no name (its display label)."""
@@ -118,7 +118,11 @@ class Tracker:
         """Ledgers the labeler found no name for when attached: asked again at their first
         step, whose caller holds the optimizer (``opt.step()``)."""
         # issue 20 (lifecycle findings, loops with no optimizer): what no optimizer holds
-        self.unowned = Unowned(self)
+        self.unowned = Unowned(
+            owned=self.by_param, watched=self.ledgers, backwards=self.backwards,
+            steps=self.step_count, emit=emit, namer=namer, auto=auto,
+            manual=Doors(attach=self._attach_unhooked, grew=self.opt_add_param_group,
+                         emit_step=self._emit_step, norms_every=norms_every))
         self.holdings = Holdings(self.emit)
         self.roots = Roots()
         """The loss of each step: what its backwards started from."""
@@ -160,6 +164,16 @@ class Tracker:
             self.handles.append(opt.register_step_pre_hook(no_compile(self.pre)))
         self._announce(led)
         return led
+
+    def _attach_unhooked(self, opt: torch.optim.Optimizer, name: str) -> Ledger:
+        """Track ``opt`` under ``name`` with no step hooks (``manual``'s stand-in, which
+        steps through the tracker)."""
+        return self.attach(opt, name, instance_hooks=False)
+
+    @property
+    def steps(self) -> int:
+        """Steps taken so far by every optimizer of the session."""
+        return self.step_count.n
 
     def _label(self, led: Ledger, label: str) -> None:
         # unique: a label two optimizers share gets the id too
@@ -342,7 +356,7 @@ class Tracker:
             facts.lr = learning_rates(opt)
         self.last_step = (facts.opt, facts.step)
         self.emit(facts)
-        self.steps += 1
+        self.step_count.n += 1
         if self.holdings.pending:  # idle_optimizer: checked at steps 0, 1, 2, 4, 8, ...
             self.holdings.stepped(facts)
 

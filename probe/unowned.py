@@ -39,19 +39,20 @@ from __future__ import annotations
 import gc
 import time
 import weakref
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
+from pydantic import BaseModel
 
 from gradwatch.probe import names
-from gradwatch.probe.manual import Manual, named_by_frames
-from gradwatch.probe.norms import values
+from gradwatch.probe.backwards import Backwards
+from gradwatch.probe.facts import StepCount
+from gradwatch.probe.manual import Doors, Manual, named_by_frames
+from gradwatch.probe.norms import local_values
 from gradwatch.probe.shards import local, readable
 from gradwatch.wire import NAME_MAX_CHARS, clip
 from gradwatch.wire import Unowned as UnownedRecord
-
-if TYPE_CHECKING:
-    from gradwatch.probe.tracker import Tracker
 
 PROBATION = 8
 """Boundaries a leaf stays unchanged before it is settled."""
@@ -91,11 +92,25 @@ def _changed(ver: int, norm: float, ver0: int | None, norm0: float) -> bool:
 
 class Unowned:
     """The leaves no watched optimizer holds, the virtual optimizer and the untrained
-    parameters of one session. Owned by the tracker."""
+    parameters of one session. Owned by the tracker, which hands it what it reads: the
+    parameters and optimizers it watches (mappings it keeps up to date), its backwards and
+    its step count, where records go, and the virtual optimizer's doors."""
 
-    def __init__(self, tracker: Tracker) -> None:
-        self.tracker = tracker
-        self.manual = Manual(tracker)
+    def __init__(self, *, owned: Mapping[torch.Tensor, Any], watched: Mapping[Any, Any],
+                 backwards: Backwards[Any], steps: StepCount,
+                 emit: Callable[[BaseModel], None], namer: names.Namer | None, auto: bool,
+                 manual: Doors) -> None:
+        self.owned = owned
+        """The parameters a watched optimizer holds."""
+        self.watched = watched
+        """The watched optimizers (``manual`` among them once it exists)."""
+        self.backwards = backwards
+        self.steps = steps
+        self.emit = emit
+        self.namer = namer
+        self.auto = auto
+        """Every optimizer the script makes is watched (``gradwatch run``)."""
+        self.manual = Manual(manual)
         self.probation: dict[int, _Leaf] = {}
         self.settled: dict[int, _Leaf] = {}
         self.plain: dict[int, tuple[tuple[int, ...], int]] = {}
@@ -126,9 +141,9 @@ class Unowned:
     # ---------------------------------------------------------------- walks
     def reached(self, leaves: list[torch.Tensor]) -> None:
         """A sampled walk found ``leaves`` (the backward about to run writes their grads)."""
-        owned = self.tracker.by_param
-        bw = self.tracker.backwards.last + 1
-        steps, real = self.tracker.steps, self._real_steps()
+        owned = self.owned
+        bw = self.backwards.last + 1
+        steps, real = self.steps.n, self._real_steps()
         hit = False
         for t in leaves:
             if t in owned:
@@ -165,12 +180,13 @@ class Unowned:
         if self.tick % SLOW == 0:
             look += self._alive(self.settled)
         members = self.manual.params
-        tensors = [*members, *(t for _, t in look)]
-        if not tensors:
+        # each tensor made local once: its version and its norm read from the same one
+        shards = [*map(local, members), *(loc for _, _, loc in look)]
+        if not shards:
             self._after_boundary()
             return
-        vers = [local(t)._version for t in tensors]
-        norms = values(tensors)
+        vers = [s._version for s in shards]
+        norms = local_values(shards)
         m = len(members)
         fp = self.member_fp
         moved = False
@@ -180,14 +196,16 @@ class Unowned:
             fp[id(p)] = (vers[j], norms[j])
         joins: list[tuple[_Leaf, torch.Tensor]] = []
         idle: list[tuple[_Leaf, torch.Tensor]] = []
-        steps, real = self.tracker.steps, self._real_steps()
-        for j, (lf, t) in enumerate(look, m):
+        joined_at: dict[int, int] = {}  # the version each joining tensor was looked at in
+        steps, real = self.steps.n, self._real_steps()
+        for j, (lf, t, _) in enumerate(look, m):
             key = id(t)
             if lf.ver is not None and _changed(vers[j], norms[j], lf.ver, lf.norm):
                 lf.quiet = 0
                 if (key in self.end_grads or t.grad is not None) and (
                         lf.param or self._may_join(lf, t, real)):
                     joins.append((lf, t))  # updated by hand
+                    joined_at[key] = vers[j]
             else:
                 lf.quiet += 1
                 if lf.quiet >= PROBATION and key in self.probation:
@@ -210,7 +228,7 @@ class Unowned:
             self.settled.pop(key, None)
             if self.untrained.pop(key, None) is not None:
                 self.dirty = True
-            fp[key] = (local(t)._version, lf.norm)  # as looked at just now
+            fp[key] = (joined_at[key], lf.norm)  # as looked at just now
         if moved or joins:
             self.manual.step([t for _, t in joins], self.end_grads)
         self._after_boundary()
@@ -222,7 +240,7 @@ class Unowned:
         for p in self.manual.params:
             if (g := p.grad) is not None:
                 grads[id(p)] = g
-        for _, t in self._alive(self.probation):
+        for _, t, _ in self._alive(self.probation):
             if (g := t.grad) is not None:
                 grads[id(t)] = g
         self.end_grads = grads
@@ -237,35 +255,37 @@ class Unowned:
             self._send()
 
     # ---------------------------------------------------------------- internals
-    def _alive(self, leaves: dict[int, _Leaf]) -> list[tuple[_Leaf, torch.Tensor]]:
-        """The leaves still alive and held by no watched optimizer (the others are dropped:
-        an untrained parameter an optimizer holds since stays untrained)."""
+    def _alive(self, leaves: dict[int, _Leaf]
+               ) -> list[tuple[_Leaf, torch.Tensor, torch.Tensor]]:
+        """The leaves still alive and held by no watched optimizer, each with its local
+        tensor (a DTensor's shard; the others are dropped: an untrained parameter an
+        optimizer holds since stays untrained)."""
         out = []
-        owned = self.tracker.by_param
+        owned = self.owned
         dead = []
         for key, lf in leaves.items():
             t = lf.ref()
             if t is None or t in owned:
                 dead.append(key)
-            elif not readable(local(t)):  # storage freed since (FSDP2 resharded it)
+            elif not readable(loc := local(t)):  # storage freed since (FSDP2 resharded it)
                 dead.append(key)
                 self.elsewhere[key] = lf.ref
             else:
-                out.append((lf, t))
+                out.append((lf, t, loc))
         for key in dead:
             del leaves[key]
         return out
 
     def _real_steps(self) -> int:
         led = self.manual.led
-        return self.tracker.steps - (led.step if led is not None else 0)
+        return self.steps.n - (led.step if led is not None else 0)
 
     def _may_join(self, lf: _Leaf, t: torch.Tensor, real: int) -> bool:
         """Whether a plain tensor updated by hand may join ``manual`` (module docstring)."""
         if real > lf.real0:
             return True  # lived through an optimizer's step: not made anew for a batch
         if (real or self.churn
-                or len(self.tracker.ledgers) > (self.manual.led is not None)):
+                or len(self.watched) > (self.manual.led is not None)):
             return False  # an optimizer is watched: it has to live through one's step
         shape = tuple(t.shape)
         if any(s == shape and last < lf.first for s, last in self.plain.values()):
@@ -282,9 +302,9 @@ class Unowned:
     def _held_elsewhere(self, leaves: list[tuple[_Leaf, torch.Tensor]]) -> set[int]:
         """Ids of ``leaves`` that an optimizer the session does not watch holds, from now on
         left alone. Under ``gradwatch run`` the session watches every optimizer: none."""
-        if self.tracker.auto:
+        if self.auto:
             return set()
-        watched = self.tracker.ledgers
+        watched = self.watched
         held: set[int] = set()
         opt_t = torch.optim.Optimizer
         for o in gc.get_objects():  # once per boundary that judges leaves (rare)
@@ -313,19 +333,19 @@ class Unowned:
         self.active = self.wants_end or bool(self.settled)
 
     def _counts(self) -> tuple[int, int, int]:
-        return len(self.untrained), self.reaching, self.tracker.steps
+        return len(self.untrained), self.reaching, self.steps.n
 
     def _send(self) -> None:
         alive = [(lf, t) for lf in self.untrained.values() if (t := lf.ref()) is not None]
         params = [t for _, t in alive]
-        namer = self.tracker.namer or names.from_frames
+        namer = self.namer or names.from_frames
         named = params[:_MAX_NAMED]
         listed = named_by_frames(named, namer(named, None))  # type: ignore[arg-type]
         self.sent = self._counts()
         self.dirty = False
-        self.tracker.emit(UnownedRecord(
+        self.emit(UnownedRecord(
             seq=0, t=time.time(), params=[clip(n, NAME_MAX_CHARS) for n in listed],
             shapes=[list(p.shape) for p in named], count=len(params),
             numel=sum(p.numel() for p in params),
             backwards=max((lf.walks for lf, _ in alive), default=0),
-            first_step=self.first_step or 0, step=self.tracker.steps))
+            first_step=self.first_step or 0, step=self.steps.n))
