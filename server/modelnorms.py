@@ -13,12 +13,14 @@ reads the ranks' own values as stored. Called from worker threads; plain module:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from gradwatch.server.downsampling import downsample
-from gradwatch.server.reader import Reader
 from gradwatch.server.rows import Row, SeriesRows
 from gradwatch.shardnorms import Combined, ModelNorms, all_sharded, sharded
+
+if TYPE_CHECKING:
+    from gradwatch.server.reader import Reader
 
 Norms = Literal["model", "rank"]
 """What a read's ``norms`` may ask for: the model's norms (default) or each rank's own."""
