@@ -63,17 +63,22 @@ class LiveModel:
             while len(self._runs) > MAX_RUNS:
                 self._runs.popitem(last=False)
         self._runs.move_to_end(res.run)
-        for r in res.rows:
-            key = (r.rank, r.opt)
-            if r.step > p.top.get(key, -1):
-                p.top[key] = r.step
         if res.optimizers:
             p.plan = None  # a new optimizer: its placements are read again
         if res.summary is not None and res.summary.status != "live":
             p.ended = True
+        busy = p.task is not None and not p.task.done()
+        if p.plan is not None and not p.plan.kinds and not busy:
+            # nothing sharded: the rows go on as they are, now (the common case)
+            self.hub.publish_steps(res.run, res.rows, "model")
+            return
+        for r in res.rows:
+            key = (r.rank, r.opt)
+            if r.step > p.top.get(key, -1):
+                p.top[key] = r.step
         p.held += res.rows
         p.dirty = True
-        if (p.task is None or p.task.done()):
+        if not busy:
             p.task = asyncio.get_running_loop().create_task(self._work(res.run, p))
 
     def forget(self, run: str) -> None:

@@ -52,18 +52,19 @@ class Plan:
 
 
 def plan_of(reader: Reader, run_id: str) -> Plan | None:
-    """The run's combining plan; None when there is no such run."""
+    """The run's combining plan; None when there is no such run (a run without sharded
+    parameters may read as one combining nothing)."""
+    kinds: dict[str, dict[int, str]] = {}
+    for o in reader.optimizers(run_id):
+        if o.placements is not None and sharded(o.placements):
+            kinds.setdefault(o.opt, {})[o.rank] = o.placements
+    if not kinds:  # the common case: nothing to combine, no header read
+        return Plan(world=1)
     run = reader.run(run_id)
     if run is None:
         return None
-    plan = Plan(world=int(run["header"].get("world_size") or 1),
-                live=run["status"] == "live")
-    if plan.world < 2:
-        return plan
-    for o in run["optimizers"]:
-        if sharded(o.get("placements")):
-            plan.kinds.setdefault(o["opt"], {})[o["rank"]] = o["placements"]
-    return plan
+    world = int(run["header"].get("world_size") or 1)
+    return Plan(world=world, live=run["status"] == "live", kinds=kinds if world > 1 else {})
 
 
 def combine(reader: Reader, run_id: str, plan: Plan, opt: str, rows: list[Row],
