@@ -65,8 +65,8 @@ class LiveModel:
         self._runs.move_to_end(res.run)
         if res.optimizers:
             p.plan = None  # a new optimizer: its placements are read again
-        if res.summary is not None and res.summary.status != "live":
-            p.ended = True
+        if res.summary is not None:  # a stream that resumes makes the run live again
+            p.ended = res.summary.status != "live"
         busy = p.task is not None and not p.task.done()
         if p.plan is not None and not p.plan.kinds and not busy:
             # nothing sharded: the rows go on as they are, now (the common case)
