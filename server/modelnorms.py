@@ -122,19 +122,24 @@ def model_steps(reader: Reader, run_id: str, start: int | None = None,
     plan = plan or plan_of(reader, run_id)
     if plan is None:
         return None
-    base = reader.steps(run_id, start, end, max_points, opt, rank, last)
     combined = [o for o in plan.kinds if opt is None or o == opt]
-    if base is None or not combined:
-        return base
+    base = None
+    if not combined or opt is None or last is not None:
+        base = reader.steps(run_id, start, end, max_points, opt, rank, last)
+        if base is None or not combined:
+            return base
+    # else one sharded optimizer asked for (the live feed): its read below is all it needs
     lo, hi = (-1 if start is None else start), (1 << 62 if end is None else end)
-    rows = [r for r in base.rows if r.opt not in combined]
-    bucket = base.bucket
+    rows = [] if base is None else [r for r in base.rows if r.opt not in combined]
+    bucket, total = (1, 0) if base is None else (base.bucket, base.total)
     for o in combined:
         every = reader.steps(run_id, start, end, READ_CAP, o, None)
         if every is None:
-            continue
+            return None
         model = combine(reader, run_id, plan, o, every.rows, lo, hi)
         mine = [r for r in every.rows if rank is None or r.rank == rank]
+        if base is None:  # rows before downsampling: all read, or the read's count
+            total += every.total if every.downsampled else len(mine)
         if last is not None and plan.live:
             tops = [last.get((r, o), -1) for r in range(plan.world)]
             cut = min(tops)
@@ -144,4 +149,4 @@ def model_steps(reader: Reader, run_id: str, start: int | None = None,
         rows += kept
         bucket = max(bucket, b)
     rows.sort(key=lambda r: (r.rank, r.opt, r.step))
-    return SeriesRows(rows, bucket, bucket > 1, base.total)
+    return SeriesRows(rows, bucket, bucket > 1, total)

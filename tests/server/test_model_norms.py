@@ -60,6 +60,7 @@ def test_steps_show_the_models_norms_and_each_ranks_on_request(
     assert run.own[(0, "SGD#1", 3)][0] < run.model[("SGD#1", 3)][0]
     _is_own(_rows(client.get(f"/api/runs/{sh.RUN}/steps?norms=rank").json()), run)
     one = client.get(f"/api/runs/{sh.RUN}/steps?rank=1&opt=SGD%231").json()
+    assert one["total"] == sh.STEPS
     assert set(one["rank"]) == {1} and one["norm"][3] == pytest.approx(
         run.model[("SGD#1", 3)][0], rel=1e-9)
     assert client.get(f"/api/runs/{sh.RUN}/steps?norms=shard").status_code == 422
