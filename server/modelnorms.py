@@ -98,10 +98,11 @@ def combine(reader: Reader, run_id: str, plan: Plan, opt: str, rows: list[Row],
 def with_model(rows: list[Row], model: dict[int, Combined]) -> list[Row]:
     """``rows`` with the model's norms at their steps (None where not every rank reported)."""
     out = []
+    make = Row._make  # a row per step: cheaper than _replace
     for r in rows:
         c = model.get(r.step)
-        out.append(r._replace(norm=None, fresh_norm=None, drift=None) if c is None else
-                   r._replace(norm=c.norm, fresh_norm=c.fresh_norm, drift=c.drift))
+        vals = (None, None, None) if c is None else (c.norm, c.fresh_norm, c.drift)
+        out.append(make((*r[:4], *vals, *r[7:])))
     return out
 
 
@@ -123,12 +124,13 @@ def model_steps(reader: Reader, run_id: str, start: int | None = None,
     if plan is None:
         return None
     combined = [o for o in plan.kinds if opt is None or o == opt]
+    every_opt = {o.opt for o in reader.optimizers(run_id)} if opt is None else {opt}
     base = None
-    if not combined or opt is None or last is not None:
+    if not combined or not every_opt <= set(combined):
         base = reader.steps(run_id, start, end, max_points, opt, rank, last)
         if base is None or not combined:
             return base
-    # else one sharded optimizer asked for (the live feed): its read below is all it needs
+    # else every optimizer asked for is sharded: the reads below are all it needs
     lo, hi = (-1 if start is None else start), (1 << 62 if end is None else end)
     rows = [] if base is None else [r for r in base.rows if r.opt not in combined]
     bucket, total = (1, 0) if base is None else (base.bucket, base.total)
@@ -140,6 +142,9 @@ def model_steps(reader: Reader, run_id: str, start: int | None = None,
         mine = [r for r in every.rows if rank is None or r.rank == rank]
         if base is None:  # rows before downsampling: all read, or the read's count
             total += every.total if every.downsampled else len(mine)
+            if last is not None:
+                for r in every.rows:
+                    last[(r.rank, o)] = max(last.get((r.rank, o), -1), r.step)
         if last is not None and plan.live:
             tops = [last.get((r, o), -1) for r in range(plan.world)]
             cut = min(tops)
