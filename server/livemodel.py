@@ -32,6 +32,8 @@ class _Progress:
     plan: Plan | None = None
     top: dict[tuple[int, str], int] = field(default_factory=dict)
     """Highest stored step per (rank, opt)."""
+    first: dict[tuple[int, str], int] = field(default_factory=dict)
+    """First step seen here per (rank, opt) (after a server restart, not the run's first)."""
     done: dict[str, int] = field(default_factory=dict)
     """Per sharded optimizer, the last step handed on."""
     held: list[Row] = field(default_factory=list)
@@ -76,6 +78,8 @@ class LiveModel:
             key = (r.rank, r.opt)
             if r.step > p.top.get(key, -1):
                 p.top[key] = r.step
+            if key not in p.first:
+                p.first[key] = r.step
         p.held += res.rows
         p.dirty = True
         if not busy:
@@ -107,11 +111,14 @@ class LiveModel:
         if plain and watched:
             self.hub.publish_steps(run, plain, "model")
         for opt in plan.kinds:
-            if opt not in p.done:  # from the first rows seen here (a snapshot has the rest)
-                mine = [r.step for r in rows if r.opt == opt]
-                if not mine:
+            if opt not in p.done:
+                # from the first step every rank has sent here: a snapshot holds the steps
+                # before it (it stops at the last step every rank had stored)
+                firsts = [p.first.get((r, opt)) for r in range(plan.world)]
+                seen = [f for f in firsts if f is not None]
+                if not seen or (len(seen) < len(firsts) and not p.ended):
                     continue
-                p.done[opt] = min(mine) - 1
+                p.done[opt] = min(seen) - 1
             tops = [p.top.get((r, opt), -1) for r in range(plan.world)]
             hi = max(tops) if p.ended else min(tops)
             lo = p.done[opt] + 1
