@@ -136,6 +136,9 @@ class OptimizerView(_Frame):
     """What the user calls it (``OptimizerInfo.label``); findings name it so."""
     hparams: list[dict[str, Any]] = Field(default_factory=list)
     """Each param group's settings (``OptimizerInfo.hparams``)."""
+    placements: str | None = None
+    """Each parameter's placement kind across ranks (``OptimizerInfo.placements``; None:
+    no sharded parameter)."""
 
 
 class ResetCount(_Frame):

@@ -13,12 +13,35 @@ per-rank values stay in each rank's records. Imports neither torch nor fastapi.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from gradwatch.wire import OptimizerInfo, Step
 
 SHARDED = "s"
 """The placement kind whose norms add up across ranks (``OptimizerInfo.placements``)."""
+
+
+def sharded(kinds: str | None) -> bool:
+    """Whether parameters of these placement kinds have norms to combine across ranks."""
+    return kinds is not None and SHARDED in kinds
+
+
+def all_sharded(kinds: str | None) -> bool:
+    """Whether every parameter is sharded (FSDP2). A rank's step norm is the root of the
+    sum of its parameters' squares, so it then combines as one sharded parameter: feed
+    ``[norm]`` with the kinds ``"s"`` when the per-parameter norms are not at hand."""
+    return bool(kinds) and kinds is not None and kinds.count(SHARDED) == len(kinds)
+
+
+class Combined(NamedTuple):
+    """The model's norms at one optimizer step, combined from every rank's."""
+
+    opt: str
+    step: int
+    norm: float
+    fresh_norm: float | None
+    drift: float | None
 
 
 class _Parts:
@@ -47,29 +70,40 @@ class ModelNorms:
         self.last: dict[str, Any] | None = None
         """The latest step combined: ``opt``, ``step``, ``norm``, ``fresh_norm``, ``drift``."""
 
-    def feed(self, record: Any, rank: int) -> None:
+    def feed(self, record: Any, rank: int) -> Combined | None:
+        """Take one record of ``rank``; the model's norms of a step it completes, if any."""
         if isinstance(record, OptimizerInfo):
             if record.placements:
-                self._kinds[(rank, record.opt)] = record.placements
+                self.placements(rank, record.opt, record.placements)
         elif isinstance(record, Step) and record.param_norms is not None:
-            kinds = self._kinds.get((rank, record.opt))
-            if kinds is not None:
-                self._add(record, rank, kinds)
+            return self.add(record.opt, record.step, rank, record.param_norms,
+                            record.param_fresh_norms)
+        return None
 
-    def _add(self, s: Step, rank: int, kinds: str) -> None:
-        key = (s.opt, s.step)
+    def placements(self, rank: int, opt: str, kinds: str) -> None:
+        """The placement kinds of ``opt``'s parameters on ``rank``, one character each."""
+        self._kinds[(rank, opt)] = kinds
+
+    def add(self, opt: str, step: int, rank: int, norms: Sequence[float | None],
+            fresh: Sequence[float | None] | None) -> Combined | None:
+        """One rank's per-parameter norms (and fresh norms) of an optimizer step; the
+        model's norms once every rank has given that step's (else None). Ignored for an
+        optimizer whose placements on ``rank`` are not known, and for a rank given twice."""
+        kinds = self._kinds.get((rank, opt))
+        if kinds is None:
+            return None
+        key = (opt, step)
         parts = self._open.get(key)
         if parts is None:
             parts = self._open[key] = _Parts()
         if rank in parts.ranks:
-            return
+            return None
         parts.ranks.add(rank)
-        fresh = s.param_fresh_norms
         once = not parts.once
         parts.once = True
-        for k, n in enumerate(s.param_norms or ()):
-            sharded = k < len(kinds) and kinds[k] == SHARDED
-            if not (sharded or once):
+        for k, n in enumerate(norms):
+            shard = k < len(kinds) and kinds[k] == SHARDED
+            if not (shard or once):
                 continue
             f = fresh[k] if fresh is not None and k < len(fresh) else None
             if n is not None:
@@ -80,17 +114,19 @@ class ModelNorms:
                 parts.fresh_sq += f * f
         if len(parts.ranks) >= self.world:
             del self._open[key]
-            self._combined(s.opt, s.step, parts)
+            return self._combined(opt, step, parts)
+        return None
 
-    def _combined(self, opt: str, step: int, p: _Parts) -> None:
+    def _combined(self, opt: str, step: int, p: _Parts) -> Combined:
         norm = math.sqrt(p.sq)
         fresh = math.sqrt(p.fresh_sq) if p.fresh_known else None
         drift = norm / fresh if fresh else None
         self.steps += 1
         if drift is not None and drift == drift:
             self.max_drift = drift if self.max_drift is None else max(self.max_drift, drift)
-        self.last = {"opt": opt, "step": step, "norm": norm, "fresh_norm": fresh,
-                     "drift": drift}
+        out = Combined(opt, step, norm, fresh, drift)
+        self.last = out._asdict()
+        return out
 
     def summary(self) -> dict[str, Any]:
         """``check --json``'s ``model_norms``: ``ranks``, ``steps`` combined, ``max_drift``

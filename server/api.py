@@ -35,6 +35,7 @@ from gradwatch.server.errors import (
 )
 from gradwatch.server.exports import export_csv, export_lines
 from gradwatch.server.importing import MultipartFile
+from gradwatch.server.modelnorms import Norms, model_steps
 from gradwatch.server.runs import Runs
 from gradwatch.wire import (
     INT64_MAX,
@@ -172,10 +173,16 @@ async def run(run_id: str, request: Request) -> dict[str, Any]:
             summary="Step rows, min/max-downsampled per (rank, opt)")
 async def steps(request: Request, run_id: str, start: StepBound = None,
                 end: StepBound = None, max_points: int = Query(4000, ge=10, le=100_000),
-                opt: str | None = None, rank: RankQuery = None) -> Response:
-    """Step rows in [start, end], min/max-downsampled to ``max_points`` per (rank, opt)."""
-    out = await asyncio.to_thread(_runs(request).reader.steps, run_id, start, end,
-                                  max_points, opt, rank)
+                opt: str | None = None, rank: RankQuery = None,
+                norms: Norms = "model") -> Response:
+    """Step rows in [start, end], min/max-downsampled to ``max_points`` per (rank, opt);
+    a sharded optimizer's norms are the model's (``norms=model``) or each rank's own."""
+    reader = _runs(request).reader
+    if norms == "model":
+        out = await asyncio.to_thread(model_steps, reader, run_id, start, end, max_points,
+                                      opt, rank)
+    else:
+        out = await asyncio.to_thread(reader.steps, run_id, start, end, max_points, opt, rank)
     if out is None:
         raise _missing(run_id)
     return Response(frame_json(StepSeries, **out.columns()), media_type="application/json")

@@ -31,6 +31,7 @@ from gradwatch.frames import (
     frame_json,
 )
 from gradwatch.server.downsampling import downsample
+from gradwatch.server.modelnorms import Norms
 from gradwatch.server.rows import Row, SeriesRows
 from gradwatch.wire import Finding
 
@@ -62,8 +63,10 @@ class Client:
     """Rows merged on the event loop; more are downsampled in a worker thread."""
 
     def __init__(self, run: str | None, max_items: int = 256, max_rows: int = 4000,
-                 max_backlog: int = 100_000):
+                 max_backlog: int = 100_000, norms: Norms = "model"):
         self.run = run
+        self.norms = norms
+        """Whose norms the client's step rows carry (:mod:`server.modelnorms`)."""
         self.max_items = max_items
         self.max_rows = max_rows
         self.max_backlog = max_backlog
@@ -187,11 +190,15 @@ class Hub:
         self._last_sent: dict[str, float] = {}
         self._pending: dict[str, RunSummary] = {}
 
-    def subscribe(self, run: str | None) -> Client | None:
-        """A new client queue, or ``None`` when the client limit is reached."""
+    def subscribe(self, run: str | None, norms: Norms = "model") -> Client | None:
+        """A new client queue, or ``None`` when the client limit is reached.
+
+        Args:
+            norms: the norms its step rows carry: the model's or each rank's own.
+        """
         if len(self._clients) >= self.max_clients:
             return None
-        c = Client(run, self.max_items, self.max_rows, self.max_backlog)
+        c = Client(run, self.max_items, self.max_rows, self.max_backlog, norms)
         self._clients.add(c)
         return c
 
@@ -203,18 +210,26 @@ class Hub:
         """Number of live clients."""
         return len(self._clients)
 
-    def _offer(self, run: str | None, item: Item, list_too: bool = False) -> None:
+    def _offer(self, run: str | None, item: Item, list_too: bool = False,
+               norms: Norms | None = None) -> None:
         for c in list(self._clients):
-            if c.run == run or (list_too and c.run is None):
+            if (c.run == run and (norms is None or c.norms == norms)) or (
+                    list_too and c.run is None):
                 c.offer(item)
 
-    def _watched(self, run: str) -> bool:
-        return any(c.run == run for c in self._clients)
+    def _watched(self, run: str, norms: Norms | None = None) -> bool:
+        return any(c.run == run and (norms is None or c.norms == norms)
+                   for c in self._clients)
 
-    def publish_steps(self, run: str, rows: list[Row]) -> None:
-        """New step rows of a run (already stored)."""
-        if rows and self._watched(run):
-            self._offer(run, _steps_item(run, rows, decimated=False))
+    def watched(self, run: str, norms: Norms) -> bool:
+        """Whether a client watches ``run`` with step rows of these norms."""
+        return self._watched(run, norms)
+
+    def publish_steps(self, run: str, rows: list[Row], norms: Norms | None = None) -> None:
+        """New step rows of a run (already stored), for the clients of ``norms`` (None:
+        every client)."""
+        if rows and self._watched(run, norms):
+            self._offer(run, _steps_item(run, rows, decimated=False), norms=norms)
 
     def publish_scalars(self, run: str,
                         values: list[tuple[int, str | None, int, str, float]]) -> None:

@@ -122,7 +122,8 @@ class Reader:
             out.append(OptimizerView(rank=rank, opt=d["opt"], cls=d.get("cls", ""),
                                      params=d.get("params", []), shapes=d.get("shapes", []),
                                      groups=d.get("groups", []), label=d.get("label"),
-                                     hparams=d.get("hparams", [])))
+                                     hparams=d.get("hparams", []),
+                                     placements=d.get("placements")))
         return out
 
     def findings(self, run_id: str) -> list[Finding] | None:

@@ -1,7 +1,8 @@
 """The runs the server holds: stored by the writer, read by the reader, published live.
 
-:class:`Runs` owns the storage writer, the reader, the live hub, the stream tracker, the
-ingest gate and the frame parser (``create_app`` puts one on ``app.state.runs``), and does
+:class:`Runs` owns the storage writer, the reader, the live hub (and its feed of the
+model's norms, :class:`~server.livemodel.LiveModel`), the stream tracker, the ingest gate
+and the frame parser (``create_app`` puts one on ``app.state.runs``), and does
 what touches several of them: store, then tell live clients. No FastAPI here: tests drive
 it directly.
 """
@@ -21,6 +22,7 @@ from gradwatch.server.fanout import Hub
 from gradwatch.server.files import private_dir
 from gradwatch.server.importing import LogBlocks, batch_of_lines
 from gradwatch.server.limits import IngestGate
+from gradwatch.server.livemodel import LiveModel
 from gradwatch.server.parsing import FrameParser
 from gradwatch.server.reader import Reader
 from gradwatch.server.settings import Settings
@@ -51,6 +53,7 @@ class Runs:
         self.hub = Hub(summary_interval=settings.summary_interval,
                        max_clients=settings.max_live_clients, max_items=settings.live_queue,
                        max_backlog=settings.live_backlog)
+        self.model = LiveModel(self.reader, self.hub)
         self.streams = StreamTracker(settings.interrupted_after, self._lost)
         self.gate = IngestGate(settings.max_ingest_connections, settings.max_msgs_per_sec)
         self.parser = FrameParser(settings.parse_processes)
@@ -79,7 +82,8 @@ class Runs:
         """Hand a stored batch's changes to live clients."""
         for view in res.optimizers:
             self.hub.publish_optimizer(res.run, view)
-        self.hub.publish_steps(res.run, res.rows)
+        self.hub.publish_steps(res.run, res.rows, "rank")
+        self.model.publish(res)  # the model's norms: once every rank has the step
         self.hub.publish_scalars(res.run, res.scalars)
         if res.findings is not None:
             self.hub.publish_findings(res.run, res.findings)
@@ -90,6 +94,7 @@ class Runs:
         """Delete a run; tell live clients. ``False`` if there is none."""
         ok = await self.write(self.store.delete, run)
         if ok:
+            self.model.forget(run)
             self.hub.publish_deleted(run)
         return ok
 

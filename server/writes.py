@@ -145,7 +145,8 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch, res: Inges
             res.optimizers.append(OptimizerView(rank=rank, opt=r.opt, cls=r.cls,
                                                 params=r.params, shapes=r.shapes,
                                                 groups=r.groups, label=r.label,
-                                                hparams=r.hparams))
+                                                hparams=r.hparams,
+                                                placements=r.placements))
         elif isinstance(r, (Stats, End)):
             st.dropped[rank] = max(st.dropped.get(rank, 0), r.dropped)
             if isinstance(r, End):

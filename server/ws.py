@@ -20,6 +20,7 @@ from gradwatch.server import ws_close
 from gradwatch.server.errors import Refused
 from gradwatch.server.fanout import Client
 from gradwatch.server.limits import within
+from gradwatch.server.modelnorms import Norms, model_steps
 from gradwatch.server.runs import Runs
 from gradwatch.server.ws_ingest import IngestSession
 
@@ -50,11 +51,13 @@ async def ingest(ws: WebSocket) -> None:
 
 @router.websocket("/ws/live")
 async def live(ws: WebSocket, run: str | None = None,
-               max_points: int = Query(4000, ge=10, le=100_000)) -> None:
-    """Run list (no ``run``) or one run's snapshot then live frames (see API.md)."""
+               max_points: int = Query(4000, ge=10, le=100_000),
+               norms: Norms = "model") -> None:
+    """Run list (no ``run``) or one run's snapshot then live frames (see API.md); a
+    sharded optimizer's norms are the model's (``norms=model``) or each rank's own."""
     runs: Runs = ws.app.state.runs
     await ws.accept()
-    client = runs.hub.subscribe(run)
+    client = runs.hub.subscribe(run, norms)
     if client is None:
         await ws.close(CloseCode.TRY_LATER, "too many live clients; retry later")
         return
@@ -64,7 +67,7 @@ async def live(ws: WebSocket, run: str | None = None,
             every = await asyncio.to_thread(runs.reader.runs)
             first = RunsFrame(runs=every).model_dump_json()
         else:
-            snap = await asyncio.to_thread(_snapshot, runs, run, max_points)
+            snap = await asyncio.to_thread(_snapshot, runs, run, max_points, norms)
             if snap is None:
                 await ws.close(CloseCode.NO_RUN, ws_close.short(f"no run '{run}'"))
                 return
@@ -77,14 +80,15 @@ async def live(ws: WebSocket, run: str | None = None,
         runs.hub.unsubscribe(client)
 
 
-def _snapshot(runs: Runs, run: str, max_points: int
+def _snapshot(runs: Runs, run: str, max_points: int, norms: Norms
               ) -> tuple[dict[tuple[int, str], int], str] | None:
     """The snapshot frame's text, and per (rank, opt) the last step it holds."""
     summary = runs.reader.summary(run)
     if summary is None:
         return None
     last: dict[tuple[int, str], int] = {}
-    steps = runs.reader.steps(run, max_points=max_points, last=last)
+    steps = (model_steps(runs.reader, run, max_points=max_points, last=last)
+             if norms == "model" else runs.reader.steps(run, max_points=max_points, last=last))
     findings = runs.reader.findings(run) or []
     if steps is None:
         return None

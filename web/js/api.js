@@ -52,10 +52,14 @@ async function getJson(path, query = {}, init = {}) {
   return (await request(path, query, init)).json();
 }
 
-/** StepSeries of one run, for steps in [start, end], downsampled to maxPoints per series. */
-export function fetchSteps(runId, { start, end, maxPoints, signal } = {}) {
+/**
+ * StepSeries of one run, for steps in [start, end], downsampled to maxPoints per series;
+ * `norms`: a sharded optimizer's norms as the model's ("model", the server's default) or
+ * each rank's own ("rank").
+ */
+export function fetchSteps(runId, { start, end, maxPoints, norms, signal } = {}) {
   return getJson(`/api/runs/${encodeURIComponent(runId)}/steps`,
-    { start, end, max_points: maxPoints }, { signal });
+    { start, end, max_points: maxPoints, norms }, { signal });
 }
 
 /** Per-parameter norms of one optimizer (heatmap and table). */

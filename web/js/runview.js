@@ -26,8 +26,8 @@ export class RunView {
   /**
    * @param {string} runId
    * @param {(state: object) => void} onSocketState
-   * @param {{range: number[]|null, finding: string|null, log: boolean, smooth: number}} initial
-   *   from the URL
+   * @param {{range: number[]|null, finding: string|null, log: boolean, smooth: number,
+   *   norms: string}} initial from the URL
    */
   constructor(runId, onSocketState, initial) {
     this.runId = runId;
@@ -63,10 +63,22 @@ export class RunView {
       root: $("player"), play: $("btn-play"), speed: $("sel-speed"), slider: $("slider"),
       readout: $("readout"),
     }, (step) => this.showStep(step));
+    this.norms = initial.norms || "model";
+    $("sel-norms").value = this.norms;
+    $("sel-norms").hidden = true; // until the run's optimizers say it has sharded ones
+    this.onSocketState = onSocketState;
     this.bindToolbar();
     this.notes = new RunNotes(runId);
     this.resetDom();
-    this.socket = new LiveSocket("/ws/live", { run: runId, max_points: maxPoints($("chart")) }, {
+    this.openSocket();
+  }
+
+  /** The run's live socket: a snapshot, then live frames, in the norms chosen. */
+  openSocket() {
+    const runId = this.runId;
+    this.socket = new LiveSocket("/ws/live", {
+      run: runId, max_points: maxPoints($("chart")), norms: this.norms === "rank" ? "rank" : null,
+    }, {
       snapshot: (f) => this.onSnapshot(f),
       steps: (f) => this.onSteps(f),
       scalars: (f) => this.chart.addScalars(f.scalars),
@@ -76,7 +88,19 @@ export class RunView {
       deleted: () => this.showMissing(true),
       error: (f) => showToast(f.detail || f.message || "server error"),
       gone: () => this.showMissing(false),
-    }, onSocketState);
+    }, this.onSocketState);
+  }
+
+  /**
+   * Show a sharded run's norms as the model's or each rank's: the socket starts again in
+   * those norms (a fresh snapshot), the zoom and the selection are kept.
+   */
+  setNorms(norms) {
+    if (norms === this.norms) return;
+    this.norms = norms;
+    updateState({ norms: norms === "rank" ? "rank" : null });
+    this.socket.close();
+    this.openSocket();
   }
 
   resetDom() {
@@ -101,6 +125,7 @@ export class RunView {
       this.chart.setLogScale(ev.target.checked);
       updateState({ log: ev.target.checked });
     });
+    $("sel-norms").addEventListener("change", (ev) => this.setNorms(ev.target.value));
     $("sel-x").addEventListener("change", (ev) => {
       this.chart.setXMode(ev.target.value);
       updateState({ x: ev.target.value === "step" ? null : ev.target.value });
@@ -136,6 +161,7 @@ export class RunView {
     this.optimizers = f.optimizers || [];
     this.params.setRun(this.runId, this.optimizers, f.run && f.run.ranks);
     this.showConfig();
+    showNormsChoice(this.optimizers);
     this.chart.optName = oneName(this.optimizers);
     this.series = new Map();
     ingest(f.steps, this.series);
@@ -183,6 +209,7 @@ export class RunView {
     if (!view) return;
     this.optimizers = [...this.optimizers.filter((o) => !(o.opt === view.opt && o.rank === view.rank)), view];
     this.showConfig();
+    showNormsChoice(this.optimizers);
     this.params.setRun(this.runId, this.optimizers, this.summary && this.summary.ranks);
     if (!this.params.data) this.params.refresh();
     this.chart.setOptName(oneName(this.optimizers));
@@ -253,7 +280,8 @@ export class RunView {
     const seq = ++this.fetchSeq;
     const range = this.range;
     try {
-      const { series, ss } = await loadWindow(this.runId, range, this.series, maxPoints($("chart")));
+      const { series, ss } = await loadWindow(this.runId, range, this.series, maxPoints($("chart")),
+        this.norms);
       if (seq !== this.fetchSeq) return;
       this.series = series;
       renderSampling(ss);
@@ -364,7 +392,7 @@ export class RunView {
  */
 function freshControls() {
   const ids = ["btn-follow", "btn-freeze", "btn-reset", "btn-png", "btn-csv", "btn-jsonl", "chk-log",
-    "rng-smooth", "sel-x", "run-tags", "run-notes-text",
+    "rng-smooth", "sel-x", "sel-norms", "run-tags", "run-notes-text",
     "btn-play", "sel-speed", "slider", "sel-opt", "sel-rank", "sel-metric"];
   for (const id of ids) {
     const old = $(id);
@@ -372,6 +400,14 @@ function freshControls() {
   }
   const thead = $("params-table").tHead;
   thead.replaceWith(thead.cloneNode(true));
+}
+
+/**
+ * The choice of norms shows for a run with parameters sharded across ranks (an optimizer's
+ * placements name a Shard, OptimizerInfo.placements), the only runs where they differ.
+ */
+function showNormsChoice(optimizers) {
+  $("sel-norms").hidden = !optimizers.some((o) => (o.placements || "").includes("s"));
 }
 
 /**

@@ -20,15 +20,15 @@ export function maxPoints(gd) {
 /**
  * The rows of steps [range] (null: the whole run) of a run as a fresh Map of series. For
  * the whole run, rows `current` holds past the fetched ones (they arrived live while the
- * request was answered) are kept.
+ * request was answered) are kept. `norms`: the model's or each rank's (api.fetchSteps).
  *
  * @returns {Promise<{series: Map, ss: object}>} the series and the StepSeries as sent
  */
-export async function loadWindow(runId, range, current, points) {
+export async function loadWindow(runId, range, current, points, norms = "model") {
   const ss = await fetchSteps(runId, {
     start: range ? Math.max(0, Math.floor(range[0])) : null,
     end: range ? Math.ceil(range[1]) : null,
-    maxPoints: points,
+    maxPoints: points, norms,
   });
   const fresh = new Map();
   ingest(ss, fresh);

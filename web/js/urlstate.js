@@ -2,13 +2,14 @@
  * What the page shows, kept in its query string so a reload or a shared link shows the
  * same: `run=ID` or `compare=ID,ID,...`, `zoom=FIRST,LAST` (the step window),
  * `finding=KEY` (the selected finding, verdict.findingKey), `log=1` (log scale) and
- * `smooth=W` (the smoothing weight, 0 to 0.99) and `x=relative|wall` (what the x axis
- * counts; steps when absent).
+ * `smooth=W` (the smoothing weight, 0 to 0.99), `x=relative|wall` (what the x axis
+ * counts; steps when absent) and `norms=rank` (a sharded run's norms per rank; the
+ * model's when absent).
  *
  * Other parameters of the page URL (the access token) are left as they are.
  */
 
-const OWN = ["run", "compare", "zoom", "finding", "log", "smooth", "x"];
+const OWN = ["run", "compare", "zoom", "finding", "log", "smooth", "x", "norms"];
 
 /** The view state in the current URL. */
 export function readState(search = window.location.search) {
@@ -23,6 +24,7 @@ export function readState(search = window.location.search) {
     log: q.get("log") === "1",
     smooth: Math.min(0.99, Math.max(0, Number(q.get("smooth")) || 0)),
     x: ["relative", "wall"].includes(q.get("x")) ? q.get("x") : "step",
+    norms: q.get("norms") === "rank" ? "rank" : "model",
   };
 }
 
