@@ -17,9 +17,8 @@ from gradwatch.frames import OptimizerView
 from gradwatch.server import prefix
 from gradwatch.server.batch import Batch, Entry, IngestResult
 from gradwatch.server.errors import InvalidStream
-from gradwatch.server.rows import Row, must_keep
+from gradwatch.server.rows import Row, StepCols, must_keep
 from gradwatch.server.runstate import RunState
-from gradwatch.server.steptable import C_STEP, PARAMS, PFRESH, RESETS, STEP_ROW, SUMMARY, StepCols
 from gradwatch.wire import End, Header, OptimizerInfo, Scalars, Stats
 
 MAX_OPTIMIZERS = 256
@@ -63,10 +62,9 @@ class ResetSets:
 def step_row(conn: sqlite3.Connection, sid: int, c: StepCols, resets: ResetSets
              ) -> tuple[Any, ...]:
     """The ``steps`` values of one step's columns in series ``sid``."""
-    row = [sid, *c[STEP_ROW]]
-    if c[RESETS] is not None:
-        row[16] = resets.id_of(conn, c[RESETS], c[SUMMARY])
-    return tuple(row)
+    if c.resets is not None:
+        c = c._replace(rset=resets.id_of(conn, c.resets, c.summary))
+    return c.steps_values(sid)
 
 
 def _new_steps(conn: sqlite3.Connection, st: RunState, rank: int,
@@ -77,7 +75,7 @@ def _new_steps(conn: sqlite3.Connection, st: RunState, rank: int,
     for e in steps:
         assert e.where is not None and e.cols is not None
         sid = st.series(conn, rank, e.where[1])
-        step = e.cols[C_STEP]
+        step = e.cols.step
         if step > st.last_step.get(sid, -1):  # above every stored step: new for sure
             st.last_step[sid] = step
         elif (sid, step) in seen or conn.execute(
@@ -117,10 +115,10 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch, res: Inges
         c, row = e.cols, e.row
         assert c is not None and row is not None
         step_rows.append(step_row(conn, sid, c, resets))
-        if c[PARAMS] is not None or c[PFRESH] is not None:
+        if c.has_params():
             keep = st.keep_every.get(sid, 1)
-            if keep <= 1 or c[C_STEP] % keep == 0 or must_keep(row):
-                param_rows.append((sid, c[C_STEP], c[PARAMS], c[PFRESH]))
+            if keep <= 1 or c.step % keep == 0 or must_keep(row):
+                param_rows.append((sid, c.step, c.params, c.pfresh))
         res.rows.append(row)
         touched.setdefault(sid, []).append(row)
         new.append(e)
