@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 import sys
 from array import array
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradwatch.server.downsampling import Bucket
 from gradwatch.server.rows import KEEP_NONFINITE, Row, StepCols
@@ -69,6 +68,9 @@ MUST_KEEP_SQL = "(" + " OR ".join(
     [FACTS_SQL, f"(flags & {FLAG_SKIPPED}) <> 0"]
     + [f"(flags & {NAN_BITS[c]}) <> 0 OR abs({c}) > {_FLOAT_MAX!r}" for c in KEEP_NONFINITE]
 ) + ")"
+
+if TYPE_CHECKING:
+    from gradwatch.server.backend import Conn
 """A ``steps`` row a plot must never lose (an infinity is above the largest float; a NaN
 is a NULL with its flag set)."""
 
@@ -79,23 +81,33 @@ def _nan(x: float | None) -> bool:
 
 def pack_norms(xs: list[float | None] | None) -> bytes | str | None:
     """Per-parameter norms as float32 bytes when that holds every value exactly, else as
-    the wire's JSON text (float64 values, missing entries); None stays None."""
+    the wire's JSON text (float64 values, missing entries); None stays None.
+
+    The text's length is never a multiple of 4 (a trailing space pads it), so where a
+    column holds only bytes (PostgreSQL's ``bytea``) its bytes still tell the two apart.
+    """
     if xs is None:
         return None
     try:
         a = array("f", xs)  # type: ignore[type-var]
     except (TypeError, OverflowError):  # a None entry, a value past float32
-        return _json_norms(xs)
+        return _padded(_json_norms(xs))
     if a.tolist() != xs and any(y != x and not (x != x and y != y)
                                 for x, y in zip(xs, a.tolist(), strict=True)):
-        return _json_norms(xs)
+        return _padded(_json_norms(xs))
     return a.tobytes()
+
+
+def _padded(text: str) -> str:
+    return text + " " if len(text.encode()) % 4 == 0 else text
 
 
 def unpack_norms(v: bytes | str | None) -> list[float | None] | None:
     """The inverse of :func:`pack_norms`."""
     if v is None:
         return None
+    if isinstance(v, bytes) and len(v) % 4:  # JSON text stored as bytes (pack_norms)
+        v = v.decode()
     if isinstance(v, bytes):
         a = array("f")
         a.frombytes(v)
@@ -275,7 +287,7 @@ def resets_of(text: str | None) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def read_rows(conn: sqlite3.Connection, sid: int, lo: int, hi: int) -> list[Row]:
+def read_rows(conn: Conn, sid: int, lo: int, hi: int) -> list[Row]:
     """Step rows of one series with ``lo <= step <= hi``, in step order."""
     cur = conn.execute(STEP_SELECT + "WHERE s.sid=? AND s.step BETWEEN ? AND ? "
                        "ORDER BY s.step", (sid, lo, hi))

@@ -10,8 +10,7 @@ database updates the columns, counters, chunk summaries and the run's
 from __future__ import annotations
 
 import json
-import sqlite3
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradwatch.frames import OptimizerView
 from gradwatch.server import prefix
@@ -20,6 +19,9 @@ from gradwatch.server.errors import InvalidStream
 from gradwatch.server.rows import Row, StepCols, must_keep
 from gradwatch.server.runstate import RunState
 from gradwatch.wire import End, Header, OptimizerInfo, Scalars, Stats
+
+if TYPE_CHECKING:
+    from gradwatch.server.backend import Conn
 
 MAX_OPTIMIZERS = 256
 """Optimizers one run may hold: the dashboard draws a panel and a legend entry per
@@ -37,7 +39,7 @@ class ResetSets:
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
 
-    def id_of(self, conn: sqlite3.Connection, body: str, summary: str | None) -> int:
+    def id_of(self, conn: Conn, body: str, summary: str | None) -> int:
         """The id of a resets body, adding the row the first time."""
         i = self._ids.get(body)
         if i is None:
@@ -59,7 +61,7 @@ class ResetSets:
         self._ids.clear()
 
 
-def step_row(conn: sqlite3.Connection, sid: int, c: StepCols, resets: ResetSets
+def step_row(conn: Conn, sid: int, c: StepCols, resets: ResetSets
              ) -> tuple[Any, ...]:
     """The ``steps`` values of one step's columns in series ``sid``."""
     if c.resets is not None:
@@ -67,7 +69,7 @@ def step_row(conn: sqlite3.Connection, sid: int, c: StepCols, resets: ResetSets
     return c.steps_values(sid)
 
 
-def _new_steps(conn: sqlite3.Connection, st: RunState, rank: int,
+def _new_steps(conn: Conn, st: RunState, rank: int,
                steps: list[Entry]) -> list[tuple[int, Entry]]:
     """The steps of a batch not stored yet, with their series ids."""
     out: list[tuple[int, Entry]] = []
@@ -86,7 +88,7 @@ def _new_steps(conn: sqlite3.Connection, st: RunState, rank: int,
     return out
 
 
-def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch, res: IngestResult,
+def write_batch(conn: Conn, st: RunState, batch: Batch, res: IngestResult,
                 resets: ResetSets) -> None:
     """Store what of ``batch`` is new to the database; fill ``res`` with the changes."""
     rid, rank = st.rid, batch.rank
