@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command runs this: lint, types, then the whole pytest suite.
-# Browser tests need Debian's chromium, the plotly.js refresh test npm and the Docker test
-# docker.io; they are installed here when missing (root on Debian).
+# Browser tests need Debian's chromium, the plotly.js refresh test npm, the Docker test
+# docker.io and the storage tests' second backend PostgreSQL (a throwaway cluster per test
+# process: tests/pgcluster.py); they are installed here when missing (root on Debian).
 # GRADWATCH_SKIP_DOCKER=1 skips the image test. pytest runs one worker per core
 # (GRADWATCH_TEST_WORKERS to choose; 0: none); tests that share an expensive module fixture
 # (the built wheel, the Docker engine, a DDP run) are one xdist_group, run by one worker.
@@ -11,6 +12,7 @@ bin=$venv/bin
 need=()
 command -v chromium >/dev/null || need+=(chromium)
 command -v npm >/dev/null || need+=(npm)  # scripts/refresh-plotly.sh, tested in tests/packaging
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 if [[ ${GRADWATCH_SKIP_DOCKER:-0} != 1 ]]; then
   command -v dockerd >/dev/null || need+=(docker.io)
   command -v debootstrap >/dev/null || need+=(debootstrap)

@@ -33,7 +33,6 @@ from gradwatch.server.errors import (
     StorageFailed,
     StoreBusy,
 )
-from gradwatch.server.exports import export_csv, export_lines
 from gradwatch.server.importing import MultipartFile
 from gradwatch.server.modelnorms import Norms, model_steps
 from gradwatch.server.runs import Runs
@@ -228,10 +227,10 @@ async def export(run_id: str, request: Request, format: Literal["jsonl", "csv"] 
     """The run as a step log (JSON Lines, one rank) or as CSV of step rows."""
     reader = _runs(request).reader
     if format == "jsonl":
-        lines = await asyncio.to_thread(export_lines, reader, run_id, rank)
+        lines = await asyncio.to_thread(reader.export_lines, run_id, rank)
         media, ext = "application/x-ndjson", "jsonl"
     else:
-        lines = await asyncio.to_thread(export_csv, reader, run_id)
+        lines = await asyncio.to_thread(reader.export_csv, run_id)
         media, ext = "text/csv", "csv"
     if lines is None:
         raise _missing(run_id)

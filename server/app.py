@@ -31,7 +31,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         runs = Runs(settings)
         runs.start()
         app.state.runs = runs
-        log.info("gradwatch server: data in %s", settings.data_dir)
+        log.info("gradwatch server: data in %s", runs.store.database.where)
         try:
             yield
         finally:

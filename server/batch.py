@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from gradwatch.frames import OptimizerView, RunSummary
-from gradwatch.server.rows import Row
-from gradwatch.server.steptable import StepCols, row_of, step_columns
+from gradwatch.server.rows import Row, StepCols
+from gradwatch.server.steptable import row_of, step_columns
 from gradwatch.verdict import has_finding_facts
 from gradwatch.wire import (
     AnyRecord,

@@ -11,19 +11,22 @@ a jump in step numbers (a step 10**15 after step 200) costs nothing.
 from __future__ import annotations
 
 import logging
-import sqlite3
+from typing import TYPE_CHECKING
 
 from gradwatch.server import db
 from gradwatch.server.downsampling import Bucket
 from gradwatch.server.rows import Row
 from gradwatch.server.steptable import agg_values, read_rows
 
+if TYPE_CHECKING:
+    from gradwatch.server.backend import Conn
+
 log = logging.getLogger(__name__)
 
 _INSERT = "INSERT OR REPLACE INTO step_agg VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 
 
-def summarise(conn: sqlite3.Connection, sid: int, chunk: int, rows: list[Row]) -> None:
+def summarise(conn: Conn, sid: int, chunk: int, rows: list[Row]) -> None:
     """Write the ``step_agg`` row of one chunk of series ``sid`` from its rows."""
     if not rows:
         return
@@ -33,7 +36,7 @@ def summarise(conn: sqlite3.Connection, sid: int, chunk: int, rows: list[Row]) -
     conn.execute(_INSERT, (sid, chunk, *agg_values(b, len(rows))))
 
 
-def rebuild(conn: sqlite3.Connection) -> int:
+def rebuild(conn: Conn) -> int:
     """Rewrite every ``step_agg`` row from the ``steps`` table (inside the caller's
     transaction); returns how many."""
     keys = conn.execute("SELECT sid, chunk FROM step_agg").fetchall()
@@ -58,7 +61,7 @@ class ChunkSummaries:
         """Per series: the open chunk, its rows so far, and whether rows stored before
         a restart may be missing from them (then its summary is read from the database)."""
 
-    def add(self, conn: sqlite3.Connection, sid: int, rows: list[Row]) -> None:
+    def add(self, conn: Conn, sid: int, rows: list[Row]) -> None:
         """Take the new rows of one series; summarise the chunks they close."""
         nxt = self.next_chunk.setdefault(sid, 0)
         redo: set[int] = set()
@@ -86,7 +89,7 @@ class ChunkSummaries:
             self.next_chunk[sid] = top
             conn.execute("UPDATE series SET next_chunk=? WHERE sid=?", (top, sid))
 
-    def _close(self, conn: sqlite3.Connection, sid: int, c: int, rows: list[Row],
+    def _close(self, conn: Conn, sid: int, c: int, rows: list[Row],
                from_db: bool) -> None:
         if from_db:
             rows = read_rows(conn, sid, c * db.CHUNK, (c + 1) * db.CHUNK - 1)

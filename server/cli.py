@@ -1,7 +1,8 @@
-"""``gradwatch serve``: run the server (uvicorn + ``create_app``) on a data directory.
+"""``gradwatch serve``: run the server (uvicorn + ``create_app``) on a data directory or a
+PostgreSQL database (``--db``).
 
-Exit codes: 0 after a clean stop, 2 for bad arguments (bad port, unusable data directory,
-a non-loopback address without a token, an invalid ``--import`` log).
+Exit codes: 0 after a clean stop, 2 for bad arguments (bad port, unusable data directory
+or database, a non-loopback address without a token, an invalid ``--import`` log).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +33,11 @@ def _parser() -> CommandParser:
     p.add_argument("--port", type=int, default=8765, help="port (default 8765)")
     p.add_argument("--data", type=Path, default=None,
                    help="data directory (default $GRADWATCH_DATA or ./gradwatch-data)")
+    p.add_argument("--db", default=None, metavar="URL",
+                   help="store in this PostgreSQL database, postgresql://USER@HOST:PORT/DB "
+                        "(or $GRADWATCH_DB; needs gradwatch[postgres]); default: SQLite "
+                        "in --data. Put a password in GRADWATCH_DB or ~/.pgpass, not here: "
+                        "arguments show in ps")
     p.add_argument("--token", default=None, help="require this token (or GRADWATCH_TOKEN)")
     p.add_argument("--insecure-no-token", action="store_true",
                    help="allow a non-loopback bind without a token (container behind a "
@@ -143,14 +148,24 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
         log.warning("--allow-host '*' without a token: any web page whose name resolves to "
                     "this machine can read, write and delete runs (DNS rebinding)")
     data = a.data or default_data_dir()
-    try:
-        private_dir(data)
-        probe = data / ".gradwatch-write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        p.error(f"data directory {data} is not writable: {e.strerror or e}")
-    s = Settings(host=a.host, port=a.port, data_dir=data, token=token,
+    url = a.db or os.environ.get("GRADWATCH_DB") or None
+    if url is not None and url.startswith("sqlite://"):
+        data, url = Path(url.split("://", 1)[1]), None
+    if url is not None:
+        from gradwatch.server.backend import UnknownDatabase, open_database
+        try:
+            open_database(url)
+        except UnknownDatabase as e:
+            p.error(str(e))
+    else:
+        try:
+            private_dir(data)
+            probe = data / ".gradwatch-write-test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as e:
+            p.error(f"data directory {data} is not writable: {e.strerror or e}")
+    s = Settings(host=a.host, port=a.port, data_dir=data, db=url, token=token,
                  max_frame_bytes=a.max_frame_bytes, max_msgs_per_sec=a.max_msgs_per_sec,
                  max_runs=a.max_runs, max_live_clients=a.max_live_clients,
                  interrupted_after=a.interrupted_after, send_timeout=a.send_timeout,
@@ -190,7 +205,7 @@ def import_logs(settings: Settings, paths: Sequence[str]) -> int:
         except Refused as e:
             print(f"gradwatch serve: cannot import {e.reason}", file=sys.stderr)
             return 2
-    store = Store(settings.data_dir, max_runs=settings.max_runs,
+    store = Store(settings.database(), max_runs=settings.max_runs,
                   keep_param_norms=settings.keep_param_norms)
     store.start()
     try:
@@ -228,16 +243,17 @@ def main(argv: Sequence[str]) -> int:
     """Entry point of ``gradwatch serve``."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     settings, a = settings_from_args(argv)
+    from gradwatch.server.backend import open_database
     from gradwatch.server.errors import NewerDatabase
-    from gradwatch.server.migrate import open_current
 
+    database = open_database(settings.database())
     try:  # the schema is brought up to date (or refused) before anything else
-        open_current(settings.data_dir).close()
+        database.close_writer(database.open_writer())
     except NewerDatabase as e:
         print(f"gradwatch serve: {e}", file=sys.stderr)
         return 2
-    except sqlite3.Error as e:  # a full disk mid-migration: nothing changed
-        print(f"gradwatch serve: cannot open the database in {settings.data_dir}: {e}",
+    except database.Error as e:  # unreachable, or a full disk mid-migration: no change
+        print(f"gradwatch serve: cannot open the database {database.where}: {e}",
               file=sys.stderr)
         return 2
     if a.imports:
@@ -253,7 +269,7 @@ def main(argv: Sequence[str]) -> int:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     hint = "?token=<your token>" if settings.token else ""
     print(f"gradwatch: dashboard at http://{host}:{settings.port}/{hint}  "
-          f"(data in {settings.data_dir})", flush=True)
+          f"(data in {database.where})", flush=True)
     mask_tokens_in_logs()
     quiet_shutdown()
     app, options = create_app(settings), uvicorn_options(settings)

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gradwatch.server.backend import Conn
 
 DB_NAME = "gradwatch.db"
 CHUNK = 64
@@ -106,7 +110,7 @@ def connect(data_dir: Path, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
-def delete_run(conn: sqlite3.Connection, rid: int) -> None:
+def delete_run(conn: Conn, rid: int) -> None:
     """Delete everything stored for one run (inside the caller's transaction)."""
     sids = [s for (s,) in conn.execute("SELECT sid FROM series WHERE rid=?", (rid,))]
     for sid in sids:

@@ -16,14 +16,15 @@ import heapq
 import io
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gradwatch.server import db
-from gradwatch.server.reader import Reader
 from gradwatch.server.rows import Row
 from gradwatch.server.steptable import RECORD_SELECT, STEP_SELECT, step_record, to_row
 from gradwatch.wire import Header, Scalars, Step, parse_record
 from gradwatch.wirejson import dump_record
+
+if TYPE_CHECKING:
+    from gradwatch.server.reader import Reader
 
 
 def export_lines(reader: Reader, run_id: str, rank: int = 0) -> Iterator[str] | None:
@@ -34,7 +35,7 @@ def export_lines(reader: Reader, run_id: str, rank: int = 0) -> Iterator[str] | 
         return None
 
     def gen() -> Iterator[str]:
-        c = db.connect(reader.data_dir, readonly=True)
+        c = reader.database.open_reader()
         try:
             c.execute("BEGIN")
             opts = dict(c.execute("SELECT sid, opt FROM series WHERE rid=? AND rank=?",
@@ -73,7 +74,7 @@ def export_csv(reader: Reader, run_id: str) -> Iterator[str] | None:
         buf = io.StringIO()
         out = csv.writer(buf, lineterminator="\n")
         out.writerow(Row._fields)
-        c = db.connect(reader.data_dir, readonly=True)
+        c = reader.database.open_reader()
         try:
             cur = c.execute(STEP_SELECT + "WHERE e.rid=? ORDER BY e.rank, e.opt, s.step",
                             (rid,))

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from gradwatch.server import chunks, db
 from gradwatch.server.errors import NewerDatabase
 from gradwatch.server.files import private_files
-from gradwatch.server.steptable import PARAMS, PFRESH, step_columns
+from gradwatch.server.steptable import step_columns
 from gradwatch.server.writes import ResetSets, step_row
 from gradwatch.validation import plain_error
 from gradwatch.wire import Step
@@ -163,8 +163,8 @@ def _from_2(conn: sqlite3.Connection, version: int) -> None:
             last_t[sid] = s.t
             c = step_columns(s)
             steps.append(step_row(conn, sid, c, resets))
-            if c[PARAMS] is not None or c[PFRESH] is not None:
-                params.append((sid, s.step, c[PARAMS], c[PFRESH]))
+            if c.has_params():
+                params.append((sid, s.step, c.params, c.pfresh))
         conn.executemany("INSERT INTO steps VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                          steps)
         conn.executemany("INSERT INTO param_norms VALUES(?,?,?,?)", params)

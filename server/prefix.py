@@ -10,8 +10,11 @@ inside the batch's transaction.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gradwatch.server.backend import Conn
 
 _STORED_AFTER = (
     "SELECT seq FROM records WHERE rid=? AND rank=? AND seq>? "
@@ -21,7 +24,7 @@ _STORED_AFTER = (
 """The seqs a stream has stored above one, wherever schema 3 keeps their records."""
 
 
-def advance(conn: sqlite3.Connection, rid: int, rank: int, acked: int,
+def advance(conn: Conn, rid: int, rank: int, acked: int,
             seqs: Iterable[int], highest: int) -> int:
     """The stream's ack once the records ``seqs`` (increasing) are stored.
 

@@ -1,22 +1,22 @@
 """Read side of storage: run summaries, downsampled step series, per-parameter norms.
 
-Reads use their own read-only connections (WAL lets them run beside the writer) and are
-called from worker threads; a long series downsamples from its chunk summaries
-(:mod:`server.series_read`). Plain module: no FastAPI.
+Reads use their own read-only connections (SQLite's WAL, PostgreSQL's MVCC let them run
+beside the writer) and are called from worker threads; a long series downsamples from its
+chunk summaries (:mod:`server.series_read`). Plain module: no FastAPI.
 """
 
 from __future__ import annotations
 
 import json
 import queue
-import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from gradwatch.frames import OptimizerView, ParamSeries, RunSummary, ScalarSeries
-from gradwatch.server import db
+from gradwatch.server import exports
+from gradwatch.server.backend import Conn, Database, open_database
 from gradwatch.server.rows import Row, SeriesRows
 from gradwatch.server.series_read import param_steps, series_rows
 from gradwatch.server.steptable import (
@@ -31,14 +31,14 @@ _SUMMARY = ("SELECT id, name, status, started, updated, steps, findings, ranks, 
 INF = 1 << 62
 
 
-def _summary(c: sqlite3.Connection, t: tuple[Any, ...]) -> RunSummary:
+def _summary(c: Conn, t: tuple[Any, ...]) -> RunSummary:
     return RunSummary(id=t[0], name=t[1], status=t[2], started=t[3], updated=t[4],
                       steps=t[5], findings=t[6], ranks=json.loads(t[7]),
                       optimizers=json.loads(t[8]), dropped=t[9], torch_version=t[10],
                       notes=t[11], tags=json.loads(t[12]), stopped=_stopped(c, t[0]))
 
 
-def _stopped(c: sqlite3.Connection, run_id: str) -> str | None:
+def _stopped(c: Conn, run_id: str) -> str | None:
     """Where judging stopped in the run (its ranks' ``Stats`` records, by the verdict's
     rule), or None."""
     v = Verdict()
@@ -50,19 +50,24 @@ def _stopped(c: sqlite3.Connection, run_id: str) -> str | None:
 
 
 class Reader:
-    """Read-only queries over the data directory's database (thread-safe)."""
+    """Read-only queries over a database (thread-safe).
 
-    def __init__(self, data_dir: Path):
-        self.data_dir = data_dir
-        self._pool: queue.LifoQueue[sqlite3.Connection] = queue.LifoQueue()
+    Args:
+        where: a data directory, a ``postgresql://`` URL or a
+            :class:`~server.backend.Database` (:func:`server.backend.open_database`).
+    """
+
+    def __init__(self, where: Path | str | Database):
+        self.database = open_database(where)
+        self._pool: queue.LifoQueue[Conn] = queue.LifoQueue()
 
     @contextmanager
-    def conn(self) -> Iterator[sqlite3.Connection]:
+    def conn(self) -> Iterator[Conn]:
         """A pooled connection for the duration of a ``with`` block."""
         try:
             c = self._pool.get_nowait()
         except queue.Empty:
-            c = db.connect(self.data_dir, readonly=True)
+            c = self.database.open_reader()
         try:
             yield c
         finally:
@@ -75,7 +80,7 @@ class Reader:
         while not self._pool.empty():
             self._pool.get_nowait().close()
 
-    def _rid(self, c: sqlite3.Connection, run_id: str) -> int | None:
+    def _rid(self, c: Conn, run_id: str) -> int | None:
         row = c.execute("SELECT rid FROM runs WHERE id=?", (run_id,)).fetchone()
         return None if row is None else int(row[0])
 
@@ -113,7 +118,7 @@ class Reader:
         with self.conn() as c:
             return self._optimizers(c, run_id)
 
-    def _optimizers(self, c: sqlite3.Connection, run_id: str) -> list[OptimizerView]:
+    def _optimizers(self, c: Conn, run_id: str) -> list[OptimizerView]:
         out = []
         for rank, body in c.execute(
                 "SELECT o.rank, o.body FROM optimizers o JOIN runs r ON r.rid=o.rid "
@@ -213,6 +218,14 @@ class Reader:
         return ParamSeries(opt=opt, rank=rank, params=names, step=steps, norm=norms,
                            fresh_norm=fresh, bucket=b)
 
+    def export_lines(self, run_id: str, rank: int = 0) -> Iterator[str] | None:
+        """One rank's stream as step-log lines (:func:`server.exports.export_lines`)."""
+        return exports.export_lines(self, run_id, rank)
+
+    def export_csv(self, run_id: str) -> Iterator[str] | None:
+        """The run's step rows as CSV lines (:func:`server.exports.export_csv`)."""
+        return exports.export_csv(self, run_id)
+
     def scalars(self, run_id: str, limit: int = 200_000) -> ScalarSeries | None:
         """The values the user logged (``Scalars`` records), the first ``limit`` of them,
         or ``None`` when there is no such run."""
@@ -236,7 +249,7 @@ class Reader:
             return out
 
 
-def _kept_near(c: sqlite3.Connection, sid: int, step: int, b: int, lo: int, hi: int
+def _kept_near(c: Conn, sid: int, step: int, b: int, lo: int, hi: int
                ) -> int | None:
     """``step`` if its per-parameter norms are kept, else the nearest kept step of its
     bucket (retention or ``norms_every`` leaves some steps without them)."""

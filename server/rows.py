@@ -42,6 +42,61 @@ class Row(NamedTuple):
     """Each param group's learning rate (``Step.lr``); None when unknown."""
 
 
+class StepCols(NamedTuple):
+    """One step record as stored columns (:func:`server.steptable.step_columns`), before the
+    writer knows its series and reset-set id.
+
+    The fields up to ``detail`` are the ``steps`` columns after ``sid``, in table order
+    (:meth:`steps_values`); the rest go to ``reset_sets`` and ``param_norms``. A tuple, so
+    it crosses from the parser processes in a batch cheaply.
+    """
+
+    step: int
+    seq: int
+    t: float
+    norm: float | None
+    """NULL (None) where the value was NaN: ``flags`` says so."""
+    fresh_norm: float | None
+    """None where NaN or where equal to ``norm`` (``flags`` says which)."""
+    drift: float | None
+    flags: int
+    """``steptable.FLAG_*`` bits."""
+    stale: int
+    leaked: int
+    late: int
+    discarded: int
+    backwards: int
+    consumed: int
+    fresh: int
+    closure_evals: int
+    rset: int | None
+    """The ``reset_sets`` id: filled in by the writer (:meth:`with_rset`)."""
+    loss: float | None
+    lr: str | None
+    """Learning rates, as JSON text."""
+    detail: str | None
+    """JSON of the step's fields no column holds."""
+    resets: str | None
+    """The ``reset_sets`` body (JSON), None for no resets."""
+    summary: str | None
+    """The ``reset_sets`` summary (``how:n;how:n``)."""
+    params: bytes | str | None
+    """Per-parameter norms, packed (``steptable.pack_norms``)."""
+    pfresh: bytes | str | None
+    """Per-parameter fresh norms, packed; None where equal to ``params``."""
+
+    def steps_values(self, sid: int) -> tuple[Any, ...]:
+        """The ``steps`` row of this step in series ``sid`` (``rset`` as filled in)."""
+        return (sid, *self[:_N_STEPS_COLUMNS])
+
+    def has_params(self) -> bool:
+        """Whether the step carries per-parameter norms."""
+        return self.params is not None or self.pfresh is not None
+
+
+_N_STEPS_COLUMNS = StepCols._fields.index("detail") + 1
+
+
 KEEP_NONFINITE = ("norm", "drift")
 """Columns whose NaN or infinite value makes a row one to keep (a blow-up to see)."""
 

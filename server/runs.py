@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from gradwatch.frames import RunSummary
+from gradwatch.server.backend import Storage
 from gradwatch.server.batch import Batch, IngestResult, batch_of_records
 from gradwatch.server.fanout import Hub
 from gradwatch.server.files import private_dir
@@ -24,7 +25,6 @@ from gradwatch.server.importing import LogBlocks, batch_of_lines
 from gradwatch.server.limits import IngestGate
 from gradwatch.server.livemodel import LiveModel
 from gradwatch.server.parsing import FrameParser
-from gradwatch.server.reader import Reader
 from gradwatch.server.settings import Settings
 from gradwatch.server.storage import Store
 from gradwatch.server.streams import StreamTracker
@@ -46,10 +46,11 @@ class Runs:
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        private_dir(settings.data_dir)
-        self.store = Store(settings.data_dir, max_runs=settings.max_runs,
-                           keep_param_norms=settings.keep_param_norms)
-        self.reader = Reader(settings.data_dir)
+        if settings.db is None:
+            private_dir(settings.data_dir)
+        self.store: Storage = Store(settings.database(), max_runs=settings.max_runs,
+                                    keep_param_norms=settings.keep_param_norms)
+        self.reader = self.store.reader
         self.hub = Hub(summary_interval=settings.summary_interval,
                        max_clients=settings.max_live_clients, max_items=settings.live_queue,
                        max_backlog=settings.live_backlog)

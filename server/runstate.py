@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import heapq
 import json
-import sqlite3
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradwatch.frames import RunStatus, RunSummary
 from gradwatch.server.chunks import ChunkSummaries
 from gradwatch.server.steptable import FACTS_SQL, RECORD_SELECT, step_record
 from gradwatch.verdict import Verdict
 from gradwatch.wire import Header, Step, parse_record
+
+if TYPE_CHECKING:
+    from gradwatch.server.backend import Conn
 
 
 @dataclass
@@ -85,7 +87,7 @@ class RunState:
             return "interrupted"
         return "finished"
 
-    def series(self, conn: sqlite3.Connection, rank: int, opt: str) -> int:
+    def series(self, conn: Conn, rank: int, opt: str) -> int:
         """The series id of (rank, opt), creating the series the first time."""
         sid = self.sids.get((rank, opt))
         if sid is None:
@@ -108,7 +110,7 @@ def new_state(rid: int, header: Header, name: str | None = None,
                     tags=list(header.tags))
 
 
-def load_state(conn: sqlite3.Connection, run_id: str, keep_every: int = 1
+def load_state(conn: Conn, run_id: str, keep_every: int = 1
                ) -> RunState | None:
     """Rebuild a run's state from the database, or ``None`` if there is no such run."""
     row = conn.execute(

@@ -11,7 +11,7 @@ answer is exactly :func:`server.downsampling.downsample` of the rows with
 from __future__ import annotations
 
 import math
-import sqlite3
+from typing import TYPE_CHECKING
 
 from gradwatch.server import db
 from gradwatch.server.downsampling import Bucket, aligned, bucket_size
@@ -26,14 +26,21 @@ from gradwatch.server.steptable import (
     to_row,
 )
 
+if TYPE_CHECKING:
+    from gradwatch.server.backend import Conn
+
 _KEY = "WHERE sid=? AND step BETWEEN ? AND ?"
 Key = tuple[int, int, int]
 """(sid, lo, hi): one series' steps in [lo, hi], as :data:`_KEY` takes them."""
+BUCKET_MAX = ("SELECT k, step, max(v) FROM (SELECT step / ? AS k, step, "
+              f"coalesce(norm, -1) AS v FROM steps {_KEY}) GROUP BY k")
+"""Per bucket of ``b`` steps, the largest norm and its step (the first such step on ties:
+SQLite fills the bare column ``step`` from the first row holding the max)."""
 _LIGHT = (f"SELECT step, norm, drift, {MUST_KEEP_SQL}, rset FROM steps {_KEY} "
           f"ORDER BY step")
 
 
-def span(c: sqlite3.Connection, table: str, key: Key) -> tuple[int, int] | None:
+def span(c: Conn, table: str, key: Key) -> tuple[int, int] | None:
     """First and last step of ``table`` rows matching ``key`` (sid, lo, hi)."""
     first = c.execute(f"SELECT step FROM {table} {_KEY} ORDER BY step LIMIT 1", key).fetchone()
     if first is None:
@@ -54,7 +61,7 @@ def _edges(smin: int, smax: int, c_lo: int, c_hi: int) -> list[tuple[int, int]]:
     return [(smin, c_lo * db.CHUNK - 1), ((c_hi + 1) * db.CHUNK, smax)]
 
 
-def count(c: sqlite3.Connection, sid: int, smin: int, smax: int, next_chunk: int) -> int:
+def count(c: Conn, sid: int, smin: int, smax: int, next_chunk: int) -> int:
     """Step rows in [smin, smax], from chunk summaries plus the edges."""
     c_lo, c_hi = _chunks(smin, smax, next_chunk)
     n = 0
@@ -81,7 +88,7 @@ def _plan(smin: int, smax: int, b: int, next_chunk: int
     return c_lo, c_hi, _edges(smin, smax, c_lo, c_hi)
 
 
-def series_rows(c: sqlite3.Connection, sid: int, lo: int, hi: int, max_points: int,
+def series_rows(c: Conn, sid: int, lo: int, hi: int, max_points: int,
                 next_chunk: int) -> tuple[list[Row], int, int]:
     """Rows of one series in [lo, hi], downsampled; with bucket size and total."""
     sp = span(c, "steps", (sid, lo, hi))
@@ -123,7 +130,7 @@ def _bucket(buckets: dict[int, Bucket], k: int) -> Bucket:
     return b
 
 
-def _scan(c: sqlite3.Connection, key: Key, b: int,
+def _scan(c: Conn, key: Key, b: int,
           buckets: dict[int, Bucket]) -> None:
     """Count raw rows into their buckets (light tuples: no Row objects for rows not kept)."""
     sigs: dict[int | None, str] = {}
@@ -136,7 +143,7 @@ def _scan(c: sqlite3.Connection, key: Key, b: int,
         _bucket(buckets, step // b).add(step, norm, drift, bool(keep), sig)
 
 
-def param_steps(c: sqlite3.Connection, sid: int, lo: int, hi: int, max_points: int,
+def param_steps(c: Conn, sid: int, lo: int, hi: int, max_points: int,
                 next_chunk: int) -> tuple[list[int] | None, int]:
     """Steps to show of a per-parameter series: per bucket, the step of largest norm.
 
@@ -162,10 +169,7 @@ def param_steps(c: sqlite3.Connection, sid: int, lo: int, hi: int, max_points: i
     for r0, r1 in ranges:
         if r1 < r0:
             continue
-        # SQLite fills the bare column ``step`` from the row holding the max()
-        for k, step, total in c.execute(
-                f"SELECT step / ?, step, max(coalesce(norm, -1)) FROM steps {_KEY} "
-                f"GROUP BY step / ?", (b, sid, r0, r1, b)):
+        for k, step, total in c.execute(BUCKET_MAX, (b, sid, r0, r1)):
             if k not in best or total > best[k][0]:
                 best[k] = (total, step)
     return sorted(s for _, s in best.values()), b

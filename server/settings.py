@@ -29,6 +29,8 @@ class Settings:
 
     Attributes:
         data_dir: directory of the SQLite database.
+        db: a ``postgresql://USER@HOST:PORT/DB`` URL to store in instead (``--db``,
+            ``GRADWATCH_DB``); None: SQLite in ``data_dir``.
         token: when set, every route but ``/healthz`` and static files requires it.
         max_frame_bytes: largest websocket frame accepted on ingest (close 1009 above).
         max_msgs_per_sec: sustained ingest frames per client address, over all its
@@ -69,6 +71,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8765
     data_dir: Path = field(default_factory=default_data_dir)
+    db: str | None = None
     token: str | None = None
     max_frame_bytes: int = 1 << 20
     max_msgs_per_sec: float = 200.0
@@ -93,6 +96,17 @@ class Settings:
     ping_interval: float = 20.0
     ping_timeout: float = 20.0
     parse_processes: int = 0
+
+
+    def database(self) -> Path | str:
+        """Where runs are stored: the ``db`` URL, else the data directory."""
+        return self.db if self.db is not None else self.data_dir
+
+    def __repr__(self) -> str:  # settings get logged: never the token or a DB password
+        from gradwatch.server.backend import masked
+        return (f"Settings(host={self.host!r}, port={self.port}, data_dir={self.data_dir!r}, "
+                f"db={None if self.db is None else masked(self.db)!r}, "
+                f"token={'***' if self.token else None})")
 
 
 def default_parse_processes() -> int:

@@ -16,24 +16,31 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
+import sys
 from array import array
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradwatch.server.downsampling import Bucket
-from gradwatch.server.rows import KEEP_NONFINITE, Row
+from gradwatch.server.rows import KEEP_NONFINITE, Row, StepCols
 from gradwatch.verdict import FINDING_FACTS
 from gradwatch.wire import Step
 
 # SQLite stores NaN as NULL: a bit per float column says "this NULL was a NaN".
-NAN_BITS = {"norm": 1, "fresh_norm": 2, "drift": 4, "loss": 32}
+FLAG_NAN_NORM = 1
+FLAG_NAN_FRESH = 2
+FLAG_NAN_DRIFT = 4
 FLAG_SKIPPED = 8
 FLAG_FRESH_IS_NORM = 16
 """``fresh_norm`` equals ``norm`` (the usual clean step): its column is left NULL."""
+FLAG_NAN_LOSS = 32
 FLAG_PFRESH_IS_PNORM = 64
 """``param_fresh_norms`` equals ``param_norms``: ``param_norms.fresh`` is left NULL."""
+NAN_BITS = {"norm": FLAG_NAN_NORM, "fresh_norm": FLAG_NAN_FRESH, "drift": FLAG_NAN_DRIFT,
+            "loss": FLAG_NAN_LOSS}
+"""The flag saying a float column's NULL was a NaN, by column."""
 _NAN = float("nan")
+_FLOAT_MAX = sys.float_info.max
 
 _COLUMNS = ("norm", "fresh_norm", "drift", "skipped", "stale", "leaked",
             "discarded", "backwards", "consumed", "fresh", "closure_evals", "resets",
@@ -46,7 +53,8 @@ _DEFAULTS = {f: Step.model_fields[f].get_default(call_default_factory=True) for 
 STEPS_FROM = ("FROM steps s JOIN series e ON e.sid=s.sid "
               "LEFT JOIN reset_sets z ON z.id=s.rset ")
 STEP_SELECT = ("SELECT e.rank, e.opt, s.step, s.t, s.norm, "
-               f"CASE WHEN s.flags & {FLAG_FRESH_IS_NORM} THEN s.norm ELSE s.fresh_norm END, "
+               f"CASE WHEN (s.flags & {FLAG_FRESH_IS_NORM}) <> 0 THEN s.norm "
+               "ELSE s.fresh_norm END, "
                "s.drift, s.flags, s.stale, s.leaked, s.late, s.discarded, z.summary, "
                "s.loss, s.lr " + STEPS_FROM)
 """Reads rows for :func:`to_row`; append the WHERE clause (``s.`` the steps)."""
@@ -57,20 +65,14 @@ FACTS_SQL = "(" + " OR ".join(
 assert len(FINDING_FACTS) == 4
 
 MUST_KEEP_SQL = "(" + " OR ".join(
-    [FACTS_SQL, f"flags & {FLAG_SKIPPED}"]
-    + [f"flags & {NAN_BITS[c]} OR abs({c}) = 9e999" for c in KEEP_NONFINITE]) + ")"
-"""A ``steps`` row a plot must never lose (``9e999`` is SQLite's infinity)."""
+    [FACTS_SQL, f"(flags & {FLAG_SKIPPED}) <> 0"]
+    + [f"(flags & {NAN_BITS[c]}) <> 0 OR abs({c}) > {_FLOAT_MAX!r}" for c in KEEP_NONFINITE]
+) + ")"
 
-
-StepCols = tuple[Any, ...]
-"""One step record as columns, before the writer knows its series and reset-set id: a
-plain tuple (it crosses from the parser processes by the batch), in the order of the
-``steps`` columns after ``sid`` (:data:`STEP_ROW`), then the resets' ``reset_sets`` body
-and summary (:data:`RESETS`, :data:`SUMMARY`), then the per-parameter norms and fresh
-norms, packed (:data:`PARAMS`, :data:`PFRESH`)."""
-C_STEP, RESETS, SUMMARY, PARAMS, PFRESH = 0, 19, 20, 21, 22
-STEP_ROW = slice(0, 19)
-"""The ``steps`` values after ``sid``, with ``rset`` (index 15) still to fill in."""
+if TYPE_CHECKING:
+    from gradwatch.server.backend import Conn
+"""A ``steps`` row a plot must never lose (an infinity is above the largest float; a NaN
+is a NULL with its flag set)."""
 
 
 def _nan(x: float | None) -> bool:
@@ -79,23 +81,33 @@ def _nan(x: float | None) -> bool:
 
 def pack_norms(xs: list[float | None] | None) -> bytes | str | None:
     """Per-parameter norms as float32 bytes when that holds every value exactly, else as
-    the wire's JSON text (float64 values, missing entries); None stays None."""
+    the wire's JSON text (float64 values, missing entries); None stays None.
+
+    The text's length is never a multiple of 4 (a trailing space pads it), so where a
+    column holds only bytes (PostgreSQL's ``bytea``) its bytes still tell the two apart.
+    """
     if xs is None:
         return None
     try:
         a = array("f", xs)  # type: ignore[type-var]
     except (TypeError, OverflowError):  # a None entry, a value past float32
-        return _json_norms(xs)
+        return _padded(_json_norms(xs))
     if a.tolist() != xs and any(y != x and not (x != x and y != y)
                                 for x, y in zip(xs, a.tolist(), strict=True)):
-        return _json_norms(xs)
+        return _padded(_json_norms(xs))
     return a.tobytes()
+
+
+def _padded(text: str) -> str:
+    return text + " " if len(text.encode()) % 4 == 0 else text
 
 
 def unpack_norms(v: bytes | str | None) -> list[float | None] | None:
     """The inverse of :func:`pack_norms`."""
     if v is None:
         return None
+    if isinstance(v, bytes) and len(v) % 4:  # JSON text stored as bytes (pack_norms)
+        v = v.decode()
     if isinstance(v, bytes):
         a = array("f")
         a.frombytes(v)
@@ -160,7 +172,8 @@ def _resets_text(s: Step) -> tuple[str, str]:
 def step_columns(s: Step) -> StepCols:
     """The columns of one validated step record (inverse: :func:`step_record`)."""
     norm, fresh, drift, loss = s.norm, s.fresh_norm, s.drift, s.loss
-    flags = (_nan(norm) * 1 | _nan(fresh) * 2 | _nan(drift) * 4 | _nan(loss) * 32
+    flags = (_nan(norm) * FLAG_NAN_NORM | _nan(fresh) * FLAG_NAN_FRESH
+             | _nan(drift) * FLAG_NAN_DRIFT | _nan(loss) * FLAG_NAN_LOSS
              | s.skipped * FLAG_SKIPPED)
     if fresh is not None and fresh == norm:
         flags |= FLAG_FRESH_IS_NORM
@@ -178,13 +191,17 @@ def step_columns(s: Step) -> StepCols:
             detail[f] = v.model_dump(exclude_defaults=True) if hasattr(v, "model_dump") \
                 else v
     rs, summary = resets_text(s)
-    return (s.step, s.seq, s.t, None if flags & 1 else norm, None if flags & 2 else fresh,
-            None if flags & 4 else drift, flags, s.stale, s.leaked, len(s.late_params),
-            s.discarded, s.backwards, s.consumed, s.fresh, s.closure_evals, None,
-            None if flags & 32 else loss,
-            None if s.lr is None else _json_norms(s.lr),
-            None if detail is None else json.dumps(detail, separators=(",", ":")),
-            rs, summary, pack_norms(pn), pack_norms(pf))
+    return StepCols(
+        step=s.step, seq=s.seq, t=s.t, norm=None if flags & FLAG_NAN_NORM else norm,
+        fresh_norm=None if flags & FLAG_NAN_FRESH else fresh,
+        drift=None if flags & FLAG_NAN_DRIFT else drift, flags=flags, stale=s.stale,
+        leaked=s.leaked, late=len(s.late_params), discarded=s.discarded,
+        backwards=s.backwards, consumed=s.consumed, fresh=s.fresh,
+        closure_evals=s.closure_evals, rset=None,
+        loss=None if flags & FLAG_NAN_LOSS else loss,
+        lr=None if s.lr is None else _json_norms(s.lr),
+        detail=None if detail is None else json.dumps(detail, separators=(",", ":")),
+        resets=rs, summary=summary, params=pack_norms(pn), pfresh=pack_norms(pf))
 
 
 RECORD_SELECT = ("SELECT s.seq, s.t, s.step, s.norm, s.fresh_norm, s.drift, s.flags, "
@@ -210,15 +227,16 @@ def step_record(opt: str, t: tuple[Any, ...]) -> dict[str, Any]:
             d[k] = v
     if resets is not None:
         d["resets"] = json.loads(resets)
-    norm = _NAN if flags & 1 else norm
+    norm = _NAN if flags & FLAG_NAN_NORM else norm
     d["norm"] = norm
-    d["fresh_norm"] = norm if flags & FLAG_FRESH_IS_NORM else _NAN if flags & 2 else fresh
-    d["drift"] = _NAN if flags & 4 else drift
+    d["fresh_norm"] = (norm if flags & FLAG_FRESH_IS_NORM
+                       else _NAN if flags & FLAG_NAN_FRESH else fresh)
+    d["drift"] = _NAN if flags & FLAG_NAN_DRIFT else drift
     pnorms = unpack_norms(pn)
     d["param_norms"] = pnorms
     d["param_fresh_norms"] = pnorms if flags & FLAG_PFRESH_IS_PNORM else unpack_norms(pf)
-    if loss is not None or flags & 32:
-        d["loss"] = _NAN if flags & 32 else loss
+    if loss is not None or flags & FLAG_NAN_LOSS:
+        d["loss"] = _NAN if flags & FLAG_NAN_LOSS else loss
     if lr is not None:
         d["lr"] = [_json_float(x) for x in json.loads(lr)]
     if detail is not None:
@@ -229,9 +247,9 @@ def step_record(opt: str, t: tuple[Any, ...]) -> dict[str, Any]:
 def row_of(rank: int, opt: str, c: StepCols) -> Row:
     """The row of a step from its columns (:func:`step_columns`): equal to the row read
     off the record's fields (a test holds them so)."""
-    fresh = c[3] if c[6] & FLAG_FRESH_IS_NORM else c[4]
-    return _row(rank, opt, c[C_STEP], c[2], c[3], fresh, c[5], c[6], c[7], c[8], c[9], c[10],
-                c[SUMMARY], c[16], c[17])
+    fresh = c.norm if c.flags & FLAG_FRESH_IS_NORM else c.fresh_norm
+    return _row(rank, opt, c.step, c.t, c.norm, fresh, c.drift, c.flags, c.stale, c.leaked,
+                c.late, c.discarded, c.summary, c.loss, c.lr)
 
 
 def to_row(t: tuple[Any, ...]) -> Row:
@@ -244,10 +262,11 @@ def _row(rank: int, opt: str, step: int, t: float, norm: float | None,
          late: int, discarded: int, resets: str | None, loss: float | None,
          lr: str | None) -> Row:
     """A :class:`Row` from stored values: NaN where its flag says so (SQLite stores NULL)."""
-    return Row(rank, opt, step, t, _NAN if flags & 1 else norm,
-               _NAN if flags & 2 else fresh, _NAN if flags & 4 else drift,
+    return Row(rank, opt, step, t, _NAN if flags & FLAG_NAN_NORM else norm,
+               _NAN if flags & FLAG_NAN_FRESH else fresh,
+               _NAN if flags & FLAG_NAN_DRIFT else drift,
                stale, leaked, late, discarded, bool(flags & FLAG_SKIPPED), resets_of(resets),
-               _NAN if flags & NAN_BITS["loss"] else loss, _lr_of(lr))
+               _NAN if flags & FLAG_NAN_LOSS else loss, _lr_of(lr))
 
 
 @lru_cache(maxsize=256)
@@ -268,7 +287,7 @@ def resets_of(text: str | None) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def read_rows(conn: sqlite3.Connection, sid: int, lo: int, hi: int) -> list[Row]:
+def read_rows(conn: Conn, sid: int, lo: int, hi: int) -> list[Row]:
     """Step rows of one series with ``lo <= step <= hi``, in step order."""
     cur = conn.execute(STEP_SELECT + "WHERE s.sid=? AND s.step BETWEEN ? AND ? "
                        "ORDER BY s.step", (sid, lo, hi))

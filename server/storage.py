@@ -1,13 +1,15 @@
 """The storage writer: one thread owns the database connection that writes.
 
-Routes hand work to it with :meth:`Store.submit` (a :class:`concurrent.futures.Future` the
-event loop can await; the threads are :mod:`server.writerthread`'s), so SQLite never blocks
-the event loop and every ingest batch is one transaction: a batch is stored whole or not at
-all. A step is stored once per (series,
-step), other records once by (run, rank, seq); a resend is ignored record by record. A
-write the disk refuses (full, I/O error) is rolled back and the run's in-memory state
-dropped, so memory and disk agree and the stream resends from what is stored. Refusals
-are the domain errors of :mod:`server.errors`. Plain module: no FastAPI.
+:class:`Store` is the :class:`~server.backend.Storage` interface over either database
+(:mod:`server.sqlitedb`, :mod:`server.pgdb`). Routes hand work to it with
+:meth:`Store.submit` (a :class:`concurrent.futures.Future` the event loop can await; the
+threads are :mod:`server.writerthread`'s), so the database never blocks the event loop,
+and every ingest batch is one transaction: a batch is stored whole or not at all. A step
+is stored once per (series, step), other records once by (run, rank, seq); a resend is
+ignored record by record. A write the database refuses (full, I/O error) is rolled back
+and the run's in-memory state dropped, so memory and database agree and the stream
+resends from what is stored. Refusals are the domain errors of :mod:`server.errors`.
+Plain module: no FastAPI.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import concurrent.futures as cf
 import contextlib
 import json
 import logging
-import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 
 from gradwatch.frames import RunSummary
 from gradwatch.server import db, owners
+from gradwatch.server.backend import Database, open_database
 from gradwatch.server.batch import Batch, Entry, IngestResult, batch_of_records
 from gradwatch.server.errors import (
     InvalidStream,
@@ -32,7 +34,7 @@ from gradwatch.server.errors import (
     RunLive,
     StorageFailed,
 )
-from gradwatch.server.migrate import open_current
+from gradwatch.server.reader import Reader
 from gradwatch.server.runstate import RunState, load_state, new_state
 from gradwatch.server.writerthread import WriterThread
 from gradwatch.server.writes import ResetSets, write_batch
@@ -43,10 +45,11 @@ T = TypeVar("T")
 
 
 class Store:
-    """The data directory's database, written by one thread.
+    """A database, written by one thread; its reads through :attr:`reader`.
 
     Args:
-        data_dir: directory holding ``gradwatch.db`` (created if missing).
+        where: a data directory (SQLite's ``gradwatch.db``, created if missing), a
+            ``postgresql://`` URL, or a :class:`~server.backend.Database`.
         max_runs: refuse to create runs beyond this many.
         queue_size: pending write jobs before :meth:`submit` raises :class:`StoreBusy`.
         keep_param_norms: runs created from now on keep the per-parameter norms of every
@@ -54,21 +57,20 @@ class Store:
 
     Raises:
         NewerDatabase: the database was written by a newer gradwatch.
+        UnknownDatabase: ``where`` names no database gradwatch can use.
     """
 
-    def __init__(self, data_dir: Path, max_runs: int = 1000, queue_size: int = 256,
-                 keep_param_norms: int = 1):
-        self.data_dir = data_dir
+    def __init__(self, where: Path | str | Database, max_runs: int = 1000,
+                 queue_size: int = 256, keep_param_norms: int = 1):
+        self.database = open_database(where)
         self.max_runs = max_runs
         self.keep_param_norms = max(1, keep_param_norms)
         self._resets = ResetSets()
         self._states: OrderedDict[str, RunState] = OrderedDict()
-        data_dir.mkdir(parents=True, exist_ok=True)
-        self._conn = open_current(data_dir)
-        # Checkpoints copy the WAL into the database: the writer's helper thread does them
-        # (:class:`~server.writerthread.WriterThread`), so commits stay short.
-        self._conn.execute("PRAGMA wal_autocheckpoint=0")
-        self._writer = WriterThread(data_dir, queue_size)
+        self._error = self.database.Error
+        self._conn = self.database.open_writer()
+        self._writer = WriterThread(self.database.housekeeping, queue_size)
+        self.reader = Reader(self.database)
         # A run that was live when the server stopped lost its stream: interrupted until
         # its probe reconnects and resumes.
         n = self._conn.execute(
@@ -82,13 +84,10 @@ class Store:
         self._writer.start()
 
     def close(self, timeout: float = 30.0) -> None:
-        """Finish queued writes, then stop the thread and close the database."""
+        """Finish queued writes, then stop the threads and close the database."""
         self._writer.stop(timeout)
-        try:
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        except Exception:  # readers still open: fine, the WAL is replayed on open
-            log.debug("final checkpoint failed", exc_info=True)
-        self._conn.close()
+        self.database.close_writer(self._conn)
+        self.reader.close()
 
     def submit(self, fn: Callable[..., T], *args: Any) -> cf.Future[T]:
         """Run ``fn(*args)`` on the writer thread.
@@ -169,7 +168,7 @@ class Store:
             self._conn.execute("COMMIT")
         except BaseException as e:
             self._rolled_back(batch.run)
-            if isinstance(e, sqlite3.Error):
+            if isinstance(e, self._error):
                 log.error("storing a batch of run %s failed: %s", batch.run, e)
                 raise StorageFailed(f"the server could not store this batch ({e}); "
                                     f"nothing of it was stored: resend it once the "
@@ -183,7 +182,7 @@ class Store:
         """Undo a failed transaction; memory forgets what it did (SQLite may already have
         rolled it back itself: a full disk does)."""
         if self._conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(self._error):
                 self._conn.execute("ROLLBACK")
         self._states.pop(run_id, None)  # its counters and verdict saw rolled-back records
         self._resets.clear()  # ids of reset sets the transaction added
@@ -224,7 +223,7 @@ class Store:
             return None
         try:
             self._conn.execute("UPDATE runs SET status='interrupted' WHERE rid=?", (st.rid,))
-        except sqlite3.Error as e:  # a full disk: the run stays live until a write succeeds
+        except self._error as e:  # a full disk: the run stays live until a write succeeds
             log.error("marking run %s interrupted failed: %s", run_id, e)
             return None
         st.status = "interrupted"
@@ -249,7 +248,7 @@ class Store:
             self._conn.execute("BEGIN")
             db.delete_run(self._conn, st.rid)
             self._conn.execute("COMMIT")
-        except sqlite3.Error as e:
+        except self._error as e:
             self._rolled_back(run_id)
             raise StorageFailed(f"the server could not delete run {run_id} ({e})") from e
         self._states.pop(run_id, None)
@@ -282,7 +281,7 @@ class Store:
             raise NameTaken(f"another run is already named '{name}'; pick another name")
         try:
             self._conn.execute("UPDATE runs SET name=? WHERE rid=?", (name, st.rid))
-        except sqlite3.Error as e:
+        except self._error as e:
             raise StorageFailed(f"the server could not rename run {run_id} ({e})") from e
         st.name = name
         return st.summary()
@@ -303,7 +302,7 @@ class Store:
         try:
             self._conn.execute("UPDATE runs SET notes=?, tags=? WHERE rid=?",
                                (notes, json.dumps(tags), st.rid))
-        except sqlite3.Error as e:
+        except self._error as e:
             raise StorageFailed(f"the server could not save the notes of run {run_id} "
                                 f"({e})") from e
         st.notes, st.tags = notes, list(tags)

@@ -1,8 +1,9 @@
 """The storage writer's threads: one runs the write jobs, in the order they were submitted;
-a helper copies the WAL into the database (checkpoints) so the writer's commits stay short.
+a helper runs the database's housekeeping beside it (SQLite: copies the WAL into the
+database, so the writer's commits stay short).
 
 :class:`~server.storage.Store` owns one and submits its operations through it. Plain module:
-no FastAPI, no SQL beyond the checkpoint.
+no FastAPI, no SQL.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
-from gradwatch.server import db
 from gradwatch.server.errors import StoreBusy
 
 log = logging.getLogger(__name__)
@@ -24,17 +23,17 @@ _Job = tuple[Callable[..., Any], tuple[Any, ...], "cf.Future[Any]"]
 
 
 class WriterThread:
-    """A bounded job queue, the thread that runs it, and the checkpoint thread.
+    """A bounded job queue, the thread that runs it, and the housekeeping thread.
 
     Args:
-        data_dir: the data directory (the checkpoint thread opens its own connection).
+        housekeeping: runs on its own thread until the event it is given is set
+            (:meth:`server.backend.Database.housekeeping`).
         queue_size: jobs queued before :meth:`submit` raises :class:`StoreBusy`.
-        checkpoint_every: seconds between passive checkpoints.
     """
 
-    def __init__(self, data_dir: Path, queue_size: int = 256, checkpoint_every: float = 0.5):
-        self.data_dir = data_dir
-        self.checkpoint_every = checkpoint_every
+    def __init__(self, housekeeping: Callable[[threading.Event], None],
+                 queue_size: int = 256):
+        self.housekeeping = housekeeping
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
         self._thread: threading.Thread | None = None
         self._stop_ckpt = threading.Event()
@@ -45,8 +44,8 @@ class WriterThread:
         self._thread = threading.Thread(target=self._loop, name="gradwatch-store",
                                         daemon=True)
         self._thread.start()
-        self._ckpt = threading.Thread(target=self._checkpoints, name="gradwatch-checkpoint",
-                                      daemon=True)
+        self._ckpt = threading.Thread(target=self.housekeeping, args=(self._stop_ckpt,),
+                                      name="gradwatch-checkpoint", daemon=True)
         self._ckpt.start()
 
     def submit(self, fn: Callable[..., T], *args: Any) -> cf.Future[T]:
@@ -85,14 +84,3 @@ class WriterThread:
                 fut.set_result(fn(*args))
             except BaseException as e:  # handed to whoever awaits the job
                 fut.set_exception(e)
-
-    def _checkpoints(self) -> None:
-        conn = db.connect(self.data_dir)
-        try:
-            while not self._stop_ckpt.wait(self.checkpoint_every):
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                except Exception:  # busy or I/O trouble: the next round retries
-                    log.debug("checkpoint failed", exc_info=True)
-        finally:
-            conn.close()

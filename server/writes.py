@@ -10,17 +10,18 @@ database updates the columns, counters, chunk summaries and the run's
 from __future__ import annotations
 
 import json
-import sqlite3
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradwatch.frames import OptimizerView
 from gradwatch.server import prefix
 from gradwatch.server.batch import Batch, Entry, IngestResult
 from gradwatch.server.errors import InvalidStream
-from gradwatch.server.rows import Row, must_keep
+from gradwatch.server.rows import Row, StepCols, must_keep
 from gradwatch.server.runstate import RunState
-from gradwatch.server.steptable import C_STEP, PARAMS, PFRESH, RESETS, STEP_ROW, SUMMARY, StepCols
 from gradwatch.wire import End, Header, OptimizerInfo, Scalars, Stats
+
+if TYPE_CHECKING:
+    from gradwatch.server.backend import Conn
 
 MAX_OPTIMIZERS = 256
 """Optimizers one run may hold: the dashboard draws a panel and a legend entry per
@@ -38,7 +39,7 @@ class ResetSets:
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
 
-    def id_of(self, conn: sqlite3.Connection, body: str, summary: str | None) -> int:
+    def id_of(self, conn: Conn, body: str, summary: str | None) -> int:
         """The id of a resets body, adding the row the first time."""
         i = self._ids.get(body)
         if i is None:
@@ -60,16 +61,15 @@ class ResetSets:
         self._ids.clear()
 
 
-def step_row(conn: sqlite3.Connection, sid: int, c: StepCols, resets: ResetSets
+def step_row(conn: Conn, sid: int, c: StepCols, resets: ResetSets
              ) -> tuple[Any, ...]:
     """The ``steps`` values of one step's columns in series ``sid``."""
-    row = [sid, *c[STEP_ROW]]
-    if c[RESETS] is not None:
-        row[16] = resets.id_of(conn, c[RESETS], c[SUMMARY])
-    return tuple(row)
+    if c.resets is not None:
+        c = c._replace(rset=resets.id_of(conn, c.resets, c.summary))
+    return c.steps_values(sid)
 
 
-def _new_steps(conn: sqlite3.Connection, st: RunState, rank: int,
+def _new_steps(conn: Conn, st: RunState, rank: int,
                steps: list[Entry]) -> list[tuple[int, Entry]]:
     """The steps of a batch not stored yet, with their series ids."""
     out: list[tuple[int, Entry]] = []
@@ -77,7 +77,7 @@ def _new_steps(conn: sqlite3.Connection, st: RunState, rank: int,
     for e in steps:
         assert e.where is not None and e.cols is not None
         sid = st.series(conn, rank, e.where[1])
-        step = e.cols[C_STEP]
+        step = e.cols.step
         if step > st.last_step.get(sid, -1):  # above every stored step: new for sure
             st.last_step[sid] = step
         elif (sid, step) in seen or conn.execute(
@@ -88,7 +88,7 @@ def _new_steps(conn: sqlite3.Connection, st: RunState, rank: int,
     return out
 
 
-def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch, res: IngestResult,
+def write_batch(conn: Conn, st: RunState, batch: Batch, res: IngestResult,
                 resets: ResetSets) -> None:
     """Store what of ``batch`` is new to the database; fill ``res`` with the changes."""
     rid, rank = st.rid, batch.rank
@@ -117,10 +117,10 @@ def write_batch(conn: sqlite3.Connection, st: RunState, batch: Batch, res: Inges
         c, row = e.cols, e.row
         assert c is not None and row is not None
         step_rows.append(step_row(conn, sid, c, resets))
-        if c[PARAMS] is not None or c[PFRESH] is not None:
+        if c.has_params():
             keep = st.keep_every.get(sid, 1)
-            if keep <= 1 or c[C_STEP] % keep == 0 or must_keep(row):
-                param_rows.append((sid, c[C_STEP], c[PARAMS], c[PFRESH]))
+            if keep <= 1 or c.step % keep == 0 or must_keep(row):
+                param_rows.append((sid, c.step, c.params, c.pfresh))
         res.rows.append(row)
         touched.setdefault(sid, []).append(row)
         new.append(e)

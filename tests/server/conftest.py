@@ -1,7 +1,10 @@
-"""Fixtures for server tests: an app on a temporary data directory."""
+"""Fixtures for server tests: an app on a temporary data directory; storage over both
+backends (SQLite in a temporary directory, a database of its own on a throwaway
+PostgreSQL cluster, one cluster per test process)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +18,7 @@ from apps import app_settings  # noqa: E402
 
 from gradwatch.server import Settings, create_app  # noqa: E402
 from gradwatch.server.storage import Store  # noqa: E402
+from tests.pgcluster import Cluster, pg_bin  # noqa: E402
 
 
 @pytest.fixture
@@ -28,9 +32,39 @@ def client(settings: Settings) -> Iterator[TestClient]:
         yield c
 
 
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    """A PostgreSQL cluster for this test process, stopped at the end of the session."""
+    if pg_bin() is None:
+        if os.environ.get("CI"):  # scripts/test.sh installs it: CI never skips these
+            pytest.fail("PostgreSQL is not installed (scripts/test.sh installs it)")
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    c = Cluster()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where a test's storage lives, once per backend: a data directory (SQLite) or the
+    URL of a new, empty PostgreSQL database."""
+    if request.param == "sqlite":
+        return tmp_path
+    return str(request.getfixturevalue("pg_cluster").new_database())
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    """A started storage writer on ``tmp_path``, closed after the test."""
+def store(where: Path | str) -> Iterator[Store]:
+    """A started storage writer on ``where`` (each backend), closed after the test."""
+    s = Store(where)
+    s.start()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+    """A started storage writer on SQLite in ``tmp_path`` (for what only a file shows)."""
     s = Store(tmp_path)
     s.start()
     yield s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,29 @@ def test_serve_settles_its_heap_once_the_app_is_built_and_before_serving(
                         lambda app, **kw: calls.append(f"run {type(app).__name__}"))
     assert main(["--data", str(tmp_path), "--port", "1"]) == 0
     assert calls == ["settle", f"run {FastAPI.__name__}"]
+
+
+def test_db_chooses_the_database_and_names_what_is_missing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("GRADWATCH_DB", raising=False)
+    data = ["--data", str(tmp_path)]
+    s, _ = settings_from_args(data)
+    assert s.db is None and s.database() == tmp_path  # SQLite in --data: the default
+    url = "postgresql://alice:pw-secret@db.lan:5432/gw"
+    monkeypatch.setenv("GRADWATCH_DB", url)
+    s, _ = settings_from_args(data)
+    assert s.database() == url
+    assert "pw-secret" not in repr(s) and "alice:***@db.lan" in repr(s)
+    monkeypatch.delenv("GRADWATCH_DB")
+    s, _ = settings_from_args([*data, "--db", f"sqlite://{tmp_path / 'other'}"])
+    assert s.db is None and s.data_dir == tmp_path / "other"
+    with pytest.raises(SystemExit) as e:
+        settings_from_args([*data, "--db", "mysql://u@h/db"])
+    assert e.value.code == 2 and "not mysql://" in capsys.readouterr().err
+    # without the driver, a PostgreSQL URL is refused with the extra to install
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(SystemExit):
+        settings_from_args([*data, "--db", url])
+    err = capsys.readouterr().err
+    assert "gradwatch[postgres]" in err and "pw-secret" not in err

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import synth
 
 from gradwatch.frames import StepSeries
 from gradwatch.server import db
@@ -83,13 +84,13 @@ def test_downsampling_answers_the_fixture(case: dict[str, Any]) -> None:
     assert [r.step for r in kept] == case["kept"] and bucket == case["bucket"]
 
 
-def test_the_sql_forms_of_the_rules_answer_as_the_python_rules(tmp_path: Path) -> None:
+def test_the_sql_forms_of_the_rules_answer_as_the_python_rules(where: Path | str) -> None:
     rows = fixture_rows()
-    store = Store(tmp_path)
+    store = Store(where)
     store.start()
     store_rows(store, rows)
     store.close()
-    conn = sqlite3.connect(tmp_path / db.DB_NAME)
+    conn = Reader(where).database.open_reader()  # each backend's query form
     got = dict(conn.execute(f"SELECT step, {MUST_KEEP_SQL} FROM steps"))
     facts = dict(conn.execute(f"SELECT step, {FACTS_SQL} FROM steps"))
     conn.close()
@@ -100,12 +101,13 @@ def test_the_sql_forms_of_the_rules_answer_as_the_python_rules(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("case", FIXTURE["downsample"], ids=lambda c: str(c["max_points"]))
-def test_stored_series_downsample_to_the_fixture(tmp_path: Path, case: dict[str, Any]) -> None:
-    store = Store(tmp_path)
+def test_stored_series_downsample_to_the_fixture(where: Path | str, case: dict[str, Any]
+                                                 ) -> None:
+    store = Store(where)
     store.start()
     store_rows(store, fixture_rows())
     store.close()
-    got = Reader(tmp_path).steps("run1", max_points=case["max_points"])
+    got = Reader(where).steps("run1", max_points=case["max_points"])
     assert got is not None and [r.step for r in got.rows] == case["kept"]
     assert got.bucket == case["bucket"] and got.total == len(FIXTURE["rows"]["step"])
 
@@ -129,18 +131,18 @@ def random_rows(rng: random.Random, rank: int, opt: str, n: int) -> list[Row]:
     return rows
 
 
-def test_stored_series_downsample_exactly_as_the_rule(tmp_path: Path) -> None:
+def test_stored_series_downsample_exactly_as_the_rule(where: Path | str) -> None:
     rng = random.Random(19)
     series = [random_rows(rng, 0, "A", 6000), random_rows(rng, 0, "B", 900),
               random_rows(rng, 1, "A", 3000)]
     a, b, c = series
     rank0 = stream(a[:2500] + b[:300] + a[2500:] + b[300:])
-    store = Store(tmp_path)
+    store = Store(where)
     store.start()
     send(store, rank0[:2801], size=700)
     send(store, stream(c, rank=1), rank=1, size=1000)
     store.close()  # a restart in the middle of a chunk
-    store = Store(tmp_path)
+    store = Store(where)
     store.start()
     # The rest, with a gap (rows 4000-4199 of A) sent last, as a probe resending it would.
     gap = rank0[4001:4201]
@@ -148,7 +150,7 @@ def test_stored_series_downsample_exactly_as_the_rule(tmp_path: Path) -> None:
     send(store, gap, size=150)
     store.close()
 
-    reader = Reader(tmp_path)
+    reader = Reader(where)
     every = [r for s in series for r in s]
     for lo, hi in ((None, None), (700, 30_000), (50, 300), (a[3000].step, a[3000].step)):
         window = [r for r in every if (lo is None or r.step >= lo) and (hi is None or r.step <= hi)]
@@ -177,3 +179,27 @@ def test_summaries_of_an_older_version_are_rebuilt(tmp_path: Path) -> None:
     got = r.steps("alpha", opt="Adam#0", rank=0, max_points=3)
     assert every is not None and got is not None and got.bucket >= db.CHUNK
     assert_same_rows(got.rows, downsample(every.rows, 3, align=db.CHUNK)[0])
+
+
+def test_per_parameter_norms_downsample_alike_on_both_backends(
+        tmp_path: Path, pg_cluster: Any) -> None:
+    """The per-bucket step of largest norm has a query form per backend: same answers
+    (ties, NaN and missing norms included)."""
+    rng = random.Random(7)
+    recs = synth.records(steps=3000, end=False)
+    for i in rng.sample(range(3000), 300):  # ties within buckets, NaN and missing norms
+        x = rng.random()
+        recs[2 + i] = recs[2 + i].model_copy(update={
+            "norm": math.nan if x < 0.1 else None if x < 0.2 else 5.0})
+    got = []
+    for where in (tmp_path, pg_cluster.new_database()):
+        store = Store(where)
+        store.start()
+        send(store, recs, size=1000)
+        store.close()
+        r = Reader(where)
+        got.append([r.params("run1", "SGD#0", max_points=m, start=lo) for m, lo in
+                    ((40, None), (7, None), (300, 1500), (5000, None))])
+        r.close()
+    assert got[0] == got[1]
+    assert got[0][0] is not None and got[0][0].bucket > 1 and len(got[0][0].step) > 10

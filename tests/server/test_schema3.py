@@ -139,7 +139,7 @@ def every_field_step(seq: int, i: int) -> Step:
                 loss=math.nan, lr=[0.001, 1e-4])
 
 
-def test_exports_rebuild_every_step_field_from_the_columns(tmp_path: Path) -> None:
+def test_exports_rebuild_every_step_field_from_the_columns(where: Path | str) -> None:
     full = every_field_step(2, 0)
     unset = {f for f in Step.model_fields if f != "type"} - full.model_fields_set
     assert not unset, unset  # a field added to Step must be added here
@@ -151,11 +151,11 @@ def test_exports_rebuild_every_step_field_from_the_columns(tmp_path: Path) -> No
     scal = Scalars(seq=5, t=1003.5, step=2, opt=None, values={"acc": 0.5, "nan": math.nan})
     recs: list[Any] = synth.records(steps=0, end=False, opt="Adam#0")[:2]
     recs += [full, plain, bare, scal]
-    s = Store(tmp_path)
+    s = Store(where)
     s.start()
     s.call(s.ingest, batch_of_records("run1", 0, recs))
     s.close()
-    got = export_lines(Reader(tmp_path), "run1")
+    got = export_lines(Reader(where), "run1")
     assert got is not None
     back = [parse_record(x, PROTOCOL_VERSION) for x in got]
     assert len(back) == len(recs)
@@ -163,20 +163,20 @@ def test_exports_rebuild_every_step_field_from_the_columns(tmp_path: Path) -> No
         assert same(want, have), (want, have)
 
 
-def test_keep_param_norms_every_n_keeps_what_plots_need(tmp_path: Path) -> None:
+def test_keep_param_norms_every_n_keeps_what_plots_need(where: Path | str) -> None:
     recs = synth.records(steps=100, end=True, stale_from=None)
     recs[2 + 37] = synth.step(recs[2 + 37].seq, 37, stale_from=37)  # a finding fact
     recs[2 + 55] = synth.step(recs[2 + 55].seq, 55, nan_at=55)
-    s = Store(tmp_path, keep_param_norms=10)
+    s = Store(where, keep_param_norms=10)
     s.start()
     s.call(s.ingest, batch_of_records("run1", 0, recs))
     s.close()
-    p = Reader(tmp_path).params("run1", "SGD#0", max_points=1000)
+    p = Reader(where).params("run1", "SGD#0", max_points=1000)
     assert p is not None
     assert p.step == sorted(list(range(0, 100, 10)) + [37, 55])
     assert p.norm[p.step.index(20)] == pytest.approx(recs[2 + 20].param_norms, rel=1e-6)
     assert math.isnan(p.norm[p.step.index(55)][0])
-    steps = Reader(tmp_path).steps("run1", max_points=1000)
+    steps = Reader(where).steps("run1", max_points=1000)
     assert steps is not None and len(steps.rows) == 100  # the steps themselves all stay
 
 

@@ -4,7 +4,6 @@ a huge step number, a full disk, and a row an older release stored with ``t: NaN
 from __future__ import annotations
 
 import shutil
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ def batch(recs: list[Any], run: str = "run1") -> Any:
     return batch_of(IngestBatch(run=run, rank=0, records=recs))
 
 
-def test_a_step_resent_under_new_seqs_is_one_step(store: Store, tmp_path: Path) -> None:
+def test_a_step_resent_under_new_seqs_is_one_step(store: Store, where: Path | str) -> None:
     recs = synth.records(steps=30, end=False)
     store.call(store.ingest, batch(recs))
     # The same steps again, with other norms, under the stream's next seq numbers.
@@ -37,28 +36,29 @@ def test_a_step_resent_under_new_seqs_is_one_step(store: Store, tmp_path: Path) 
              for k, r in enumerate(recs[2:12])]
     res = store.call(store.ingest, batch(again))
     assert res.rows == [] and res.ack == top + 10
-    r = Reader(tmp_path)
+    r = Reader(where)
     assert r.summary("run1").steps == 30  # type: ignore[union-attr]
     got = r.steps("run1", max_points=1000)
     assert got is not None and [x.step for x in got.rows] == list(range(30))
     assert 99.0 not in [x.norm for x in got.rows]  # the earlier data stands
 
 
-def test_a_huge_step_number_costs_nothing(store: Store, tmp_path: Path) -> None:
+def test_a_huge_step_number_costs_nothing(store: Store, where: Path | str) -> None:
     recs = synth.records(steps=200, end=False)
     store.call(store.ingest, batch(recs))
     far = synth.step(len(recs), 10**15)
     t0 = time.perf_counter()
     store.call(store.ingest, batch([far]))
     store.call(store.ingest, batch([synth.step(len(recs) + 1, 10**15 + 5)]))
-    got = Reader(tmp_path).steps("run1", max_points=100)
+    got = Reader(where).steps("run1", max_points=100)
     took = time.perf_counter() - t0
     assert got is not None and got.rows[-1].step == 10**15 + 5 and got.total == 202
     assert took < 0.5, took
 
 
-def test_a_full_disk_refuses_the_batch_and_loses_nothing(store: Store, tmp_path: Path
+def test_a_full_disk_refuses_the_batch_and_loses_nothing(sqlite_store: Store, tmp_path: Path
                                                           ) -> None:
+    store = sqlite_store  # a SQLite file's page limit stands for the full disk
     recs = synth.records(steps=3000, end=True)
     store.call(store.ingest, batch(recs[:200]))
     pages = store.call(lambda: store._conn.execute("PRAGMA page_count").fetchone()[0])
@@ -153,12 +153,12 @@ def test_a_full_filesystem_refuses_the_batch_and_loses_nothing(small_fs: Path) -
 class _FullDisk:
     """A connection whose updates of ``runs`` fail as on a full disk."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
+    def __init__(self, conn: Any, error: type[Exception]) -> None:
+        self.conn, self.error = conn, error
 
     def execute(self, sql: str, *args: Any) -> Any:
         if sql.startswith("UPDATE runs"):
-            raise sqlite3.OperationalError("database or disk is full")
+            raise self.error("database or disk is full")
         return self.conn.execute(sql, *args)
 
     def __getattr__(self, name: str) -> Any:
@@ -166,14 +166,14 @@ class _FullDisk:
 
 
 def test_a_rename_or_an_interruption_on_a_full_disk_changes_nothing(store: Store,
-                                                                   tmp_path: Path) -> None:
+                                                                   where: Path | str) -> None:
     store.call(store.ingest, batch(synth.records(steps=5, end=False)))
     real = store._conn
-    store.call(lambda: setattr(store, "_conn", _FullDisk(real)))
+    store.call(lambda: setattr(store, "_conn", _FullDisk(real, store.database.Error)))
     with pytest.raises(StorageFailed, match="could not rename"):
         store.call(store.rename, "run1", "renamed")
     assert store.call(store.mark_interrupted, "run1") is None
     store.call(lambda: setattr(store, "_conn", real))
-    summary = Reader(tmp_path).summary("run1")
+    summary = Reader(where).summary("run1")
     assert summary is not None and summary.name != "renamed" and summary.status == "live"
     assert store.call(store.rename, "run1", "renamed").name == "renamed"  # type: ignore[union-attr]

@@ -1,0 +1,227 @@
+"""The PostgreSQL backend: psycopg 3 connections that speak the storage modules' SQL.
+
+:class:`PostgresDatabase` is the :class:`~server.backend.Database` of a ``postgresql://``
+URL. Its connections (:class:`PgConn`) take the statements the storage modules write for
+SQLite and run them in PostgreSQL's form (:func:`pg_sql`): ``%s`` placeholders, upserts for
+``INSERT OR IGNORE`` / ``INSERT OR REPLACE``, ``RETURNING`` for the ids SQLite gives as
+``lastrowid``, snapshot reads for a reader's ``BEGIN``, and the few statements whose
+meaning needs other words (:data:`REWRITES`). A connection that broke (the database
+restarted) is opened again on its next statement; the statement that saw it break fails
+as the engine's error, so the batch is refused and resent. Imports psycopg: only
+:func:`server.backend.open_database` imports this module, for a PostgreSQL URL.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from functools import lru_cache
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from gradwatch.server import pgschema
+from gradwatch.server.backend import masked, password_of
+from gradwatch.server.series_read import BUCKET_MAX
+
+log = logging.getLogger(__name__)
+
+_IDS = {"runs": "rid", "series": "sid", "reset_sets": "id"}
+"""Tables whose new row's id the writer reads (SQLite's ``lastrowid``)."""
+
+REWRITES = {
+    "SELECT id FROM reset_sets WHERE body=?":
+        # through the digest index; comparing the bodies too keeps a collision apart
+        "SELECT r.id FROM (SELECT %s::text AS b) q JOIN reset_sets r "
+        "ON md5(r.body) = md5(q.b) AND r.body = q.b",
+    BUCKET_MAX:
+        # PostgreSQL has no bare columns beside max(): the first step of the largest norm
+        "SELECT DISTINCT ON (k) k, step, v FROM (SELECT step / %s AS k, step, "
+        "coalesce(norm, -1) AS v FROM steps WHERE sid=%s AND step BETWEEN %s AND %s) q "
+        "ORDER BY k, v DESC, step",
+}
+"""Statements whose PostgreSQL form is not a mechanical translation (:func:`pg_sql`)."""
+
+
+@lru_cache(maxsize=2048)
+def pg_sql(sql: str, reader: bool = False) -> tuple[str, str | None]:
+    """A storage statement in PostgreSQL's form, and the id column it returns (or None).
+
+    Args:
+        reader: on a reader's connection, ``BEGIN`` starts a read-only snapshot (SQLite's
+            read transaction sees one state of the file; PostgreSQL's default, one per
+            statement).
+    """
+    if sql in REWRITES:
+        return REWRITES[sql], None
+    s = sql.strip()
+    if s == "BEGIN":
+        return ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if reader else s), None
+    s = s.replace("%", "%%").replace("?", "%s")
+    returning = None
+    if s.startswith("INSERT OR IGNORE INTO "):
+        s = "INSERT INTO " + s[len("INSERT OR IGNORE INTO "):] + " ON CONFLICT DO NOTHING"
+    elif s.startswith("INSERT OR REPLACE INTO "):
+        s = "INSERT INTO " + s[len("INSERT OR REPLACE INTO "):]
+        table = s.split()[2].split("(")[0]
+        keys = pgschema.KEYS[table]
+        s += f" ON CONFLICT ({', '.join(keys)}) DO UPDATE SET " + "{updates}"
+        returning = f"upsert:{table}"
+    elif s.startswith("INSERT INTO "):
+        table = s.split()[2].split("(")[0]
+        if table in _IDS and "RETURNING" not in s:
+            returning = _IDS[table]
+            s += f" RETURNING {returning}"
+    return s, returning
+
+
+class _Cursor:
+    """A finished statement, as :class:`sqlite3.Cursor` reads (rows fetched, an id)."""
+
+    def __init__(self, cur: psycopg.Cursor[Any], lastrowid: int | None = None):
+        self._cur = cur
+        self.rowcount = cur.rowcount
+        self.lastrowid = lastrowid
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()
+
+    def fetchmany(self, size: int = 1) -> list[Any]:
+        return self._cur.fetchmany(size)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cur)
+
+
+class PgConn:
+    """A psycopg connection that runs the storage modules' statements (see module doc).
+
+    Args:
+        url: the database URL.
+        reader: a reader's connection (snapshots, read-only).
+    """
+
+    def __init__(self, url: str, reader: bool = False):
+        self._url = url
+        self._reader = reader
+        self._conn: psycopg.Connection[Any] | None = None
+        self._upserts: dict[str, str] = {}
+        self._open()
+
+    def _open(self) -> psycopg.Connection[Any]:
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = self._conn = connect(self._url)
+            if self._reader:
+                conn.execute("SET default_transaction_read_only = on")
+        return conn
+
+    @property
+    def raw(self) -> psycopg.Connection[Any]:
+        """The psycopg connection (opened again if it broke)."""
+        return self._open()
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open (or failed and not yet rolled back)."""
+        conn = self._conn
+        return conn is not None and not conn.closed and \
+            conn.info.transaction_status != TransactionStatus.IDLE
+
+    def _statement(self, sql: str) -> tuple[str, str | None]:
+        s, returning = pg_sql(sql, self._reader)
+        if returning is not None and returning.startswith("upsert:"):
+            table = returning[len("upsert:"):]
+            done = self._upserts.get(table)
+            if done is None:
+                keys = pgschema.KEYS[table]
+                done = self._upserts[table] = s.format(updates=", ".join(
+                    f"{c}=EXCLUDED.{c}" for c in pgschema.columns(self.raw, table)
+                    if c not in keys))
+            return done, None
+        return s, returning
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> _Cursor:
+        """Run one statement (SQLite's form) with ``?`` parameters."""
+        s, returning = self._statement(sql)
+        cur = self.raw.execute(s, parameters)
+        if returning is not None:
+            row = cur.fetchone()
+            return _Cursor(cur, None if row is None else int(row[0]))
+        return _Cursor(cur)
+
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> None:
+        """Run one statement per parameter row (pipelined by psycopg)."""
+        s, _ = self._statement(sql)
+        rows = list(parameters)
+        if rows:
+            with self.raw.cursor() as cur:
+                cur.executemany(s, rows)
+
+    def close(self) -> None:
+        """Close the connection."""
+        if self._conn is not None:
+            self._conn.close()
+
+
+def connect(url: str) -> psycopg.Connection[Any]:
+    """An autocommit psycopg connection to ``url`` (transactions are the caller's BEGIN).
+
+    Raises:
+        psycopg.Error: the database cannot be reached; its message never holds the URL's
+            password.
+    """
+    try:
+        return psycopg.connect(url, autocommit=True, application_name="gradwatch")
+    except psycopg.Error as e:
+        secret = password_of(url)
+        text = str(e) if secret is None else str(e).replace(secret, "***")
+        raise psycopg.OperationalError(f"cannot connect to {masked(url)}: {text}") from None
+
+
+class PostgresDatabase:
+    """A PostgreSQL database (see module doc).
+
+    Args:
+        url: ``postgresql://USER[:PASSWORD]@HOST:PORT/DB`` (libpq's forms and its
+            environment, ``PGPASSWORD`` and ``~/.pgpass``, apply).
+    """
+
+    kind = "postgresql"
+    Error: type[Exception] = psycopg.Error
+
+    def __init__(self, url: str):
+        self.url = url
+        self.where = masked(url)
+
+    def open_writer(self) -> PgConn:
+        """The writing connection, the schema created or migrated first.
+
+        Raises:
+            NewerDatabase: written by a newer gradwatch (left untouched).
+            psycopg.Error: unreachable.
+        """
+        conn = PgConn(self.url)
+        try:
+            pgschema.migrate(conn.raw, self.where)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def close_writer(self, conn: PgConn) -> None:
+        """Close the writing connection."""
+        conn.close()
+
+    def open_reader(self) -> PgConn:
+        """A read-only connection."""
+        return PgConn(self.url, reader=True)
+
+    def housekeeping(self, stop: threading.Event) -> None:
+        """Nothing to do beside the writer: PostgreSQL's autovacuum keeps its files."""
+        stop.wait()
