@@ -28,14 +28,14 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext gradwatch``: adds the ``%gradwatch on|off|status`` magic
-    (:mod:`gradwatch.notebook`)."""
-    from gradwatch.notebook import load_ipython_extension as load
+    (:mod:`gradwatch.integrations.notebook`)."""
+    from gradwatch.integrations.notebook import load_ipython_extension as load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext gradwatch``: closes the notebook's watch session, if one is open."""
-    from gradwatch.notebook import unload_ipython_extension as unload
+    from gradwatch.integrations.notebook import unload_ipython_extension as unload
 
     unload(ipython)

@@ -19,7 +19,7 @@ COMMANDS = {
     "check": ("gradwatch.check", "judge a run's step logs; exit 1 on findings, 3 on nothing"),
     "serve": ("gradwatch.server.cli", "start the server and dashboard"),
     "replay": ("gradwatch.replay", "send a saved step log into a server as a run"),
-    "demo": ("gradwatch.demo", "server + dashboard + a demo training run with bugs"),
+    "demo": ("gradwatch.integrations.demo", "server + dashboard + a demo training run with bugs"),
 }
 
 NEEDS: dict[str, tuple[Requirement, ...]] = {

@@ -142,7 +142,9 @@ def main(argv: Sequence[str]) -> int:
             LogReader(a.log) as reader:
         spool = Path(d) / "spool.jsonl"
         writer = StepLogWriter(spool, flush_every=0.05)
-        streamer = Streamer(a.server, spool, run, header.rank, token, key=new_key())
+        # trusted: written here from the records the validating pass read
+        streamer = Streamer(a.server, spool, run, header.rank, token, key=new_key(),
+                            trusted=True)
         streamer.start()
         plan = retimed(chain([reader.header], reader), header.t, start,
                        None if a.fast else a.speed or 1.0, run, name)
@@ -192,7 +194,8 @@ def resume(path: Path, run: str, rank: int, last_seq: int, server: str, token: s
                 with gzip.open(path, "rb") as src, spool.open("wb") as out, \
                         contextlib.suppress(EOFError):  # a writer that died mid-stream
                     shutil.copyfileobj(src, out)
-        streamer = Streamer(server, spool, run, rank, token, key=key)
+        # trusted: the log the validating pass read (or a plain copy of it)
+        streamer = Streamer(server, spool, run, rank, token, key=key, trusted=True)
         streamer.start()
         streamer.notify()
         streamer.close(timeout=timeout)  # returns once the log is stored, or at the timeout

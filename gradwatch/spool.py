@@ -1,9 +1,12 @@
 """Reading the spool (the step log the probe is writing) a frame at a time, for the streamer.
 
-Only complete lines are read (the probe may be half-way through one); each is validated at
-the version the spool's header names, and sent as it is. Lines of records the server
-already has are passed over, and an invalid line or one too long for any frame is skipped
-and counted. Imports neither torch nor fastapi.
+Only complete lines are read (the probe may be half-way through one) and sent as they are.
+A spool of lines from elsewhere (a log given to the streamer) is validated line by line at
+the version its header names: an invalid line is skipped and counted. A spool this process
+wrote itself from records it made or validated (``trusted``: the probe's step log,
+replay's) is not validated again: the server validates it, at the trust boundary; only each
+line's ``seq`` is read. Lines of records the server already has are passed over, and a line
+too long for any frame is skipped and counted. Imports neither torch nor fastapi.
 
 Thread: the streamer's (:class:`gradwatch.stream.Streamer`).
 """
@@ -11,6 +14,7 @@ Thread: the streamer's (:class:`gradwatch.stream.Streamer`).
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,6 +27,9 @@ log = logging.getLogger("gradwatch.stream")
 
 MAX_LINE = 1 << 20
 """Bytes read at a time, at least; a line longer than this can never be sent."""
+_SEQ = re.compile(rb'\{"seq":(0|[1-9][0-9]{0,18})[,}]')
+"""The ``seq`` a record line opens with, as :func:`gradwatch.wirejson.dump_record` writes
+every record (``seq`` is each model's first field)."""
 
 
 class Piece(NamedTuple):
@@ -46,11 +53,15 @@ class SpoolReader:
     Args:
         path: the spool (plain, not compressed).
         run, rank: what each frame says it is.
+        trusted: this process wrote every line of the spool from records it made or
+            validated: lines are read for their ``seq``, not validated again (a line that
+            does not open with one is validated).
     """
 
     def __init__(self, path: Path, run: str, rank: int, max_records: int = 1000,
-                 max_bytes: int = 512 << 10):
+                 max_bytes: int = 512 << 10, *, trusted: bool = False):
         self.path, self.run, self.rank = Path(path), run, rank
+        self.trusted = trusted
         self.max_records, self.max_bytes = max_records, max_bytes
         self.offset = 0
         """The next byte to read."""
@@ -113,24 +124,30 @@ class SpoolReader:
             off += len(raw) + 1
             if not raw.strip():
                 continue
-            try:
-                rec = parse_record(raw, v)
-            except ValidationError as e:
-                self.dropped += 1
-                log.warning("gradwatch streamer: skipping an invalid spool line: %s",
-                            plain_error(e))
-                continue
-            if rec.seq <= self.skip_le:
-                continue  # already on the server
+            seq = self._seq(raw, v)
+            if seq is None or seq <= self.skip_le:
+                continue  # invalid (counted), or already on the server
             records.append(raw)
             size += len(raw)
-            last_seq = rec.seq
+            last_seq = seq
         self.offset = off
         if not records:
             return Piece(None, last_seq, off, 0, False)
         self.skip_le = last_seq
         return Piece(batch_json(self.run, self.rank, v, records).decode(), last_seq, off,
                      len(records), full)
+
+    def _seq(self, raw: bytes, v: int) -> int | None:
+        """The seq of the line ``raw``; None (counted, said) when it is not a valid record."""
+        if self.trusted and (m := _SEQ.match(raw)) is not None:
+            return int(m[1])
+        try:
+            return int(parse_record(raw, v).seq)
+        except ValidationError as e:
+            self.dropped += 1
+            log.warning("gradwatch streamer: skipping an invalid spool line: %s",
+                        plain_error(e))
+            return None
 
     def _cut(self) -> int:
         """Bytes read at a time: a line with no newline in as many is skipped."""

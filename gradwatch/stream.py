@@ -1,8 +1,9 @@
 """The probe's streamer: one thread tails the spool (the step log) and sends it to a server.
 
 The training loop only calls :meth:`Streamer.notify` (sets an event). The streamer thread
-owns the websocket: it reads complete lines from the spool, validates them with the wire
-models at the version the spool's header names, sends the lines as they are in
+owns the websocket: it reads complete lines from the spool (validated with the wire models
+at the version the spool's header names, unless this process wrote them: ``trusted``),
+sends the lines as they are in
 :class:`~gradwatch.wire.IngestBatch` frames of that version (a few in flight) and
 advances on the server's acks. When the server is down, records simply stay in the spool;
 on reconnect (exponential backoff) it asks the server where to resume (``hello`` →
@@ -118,16 +119,20 @@ class Streamer:
         key: the stream's key (:func:`gradwatch.streamkey.own_key`); ``None``: a keyless
             stream, which any connection may write.
         max_records / max_bytes: batch limits.
+        trusted: this process writes the spool from records it made or validated (the
+            probe, replay): its lines are sent without being validated again here (the
+            server validates them); see :class:`~gradwatch.spool.SpoolReader`.
     """
 
     def __init__(self, url: str, spool: Path, run: str, rank: int = 0,
                  token: str | None = None, *, key: str | None = None,
                  max_records: int = 1000, max_bytes: int = 512 << 10,
-                 ack_timeout: float = 10.0, max_backoff: float = 5.0):
+                 ack_timeout: float = 10.0, max_backoff: float = 5.0, trusted: bool = False):
         self.url = ingest_url(url)
         self.spool = Path(spool)
         self.run, self.rank, self.token, self.key = run, rank, token, key
-        self._reader = SpoolReader(self.spool, run, rank, max_records, max_bytes)
+        self._reader = SpoolReader(self.spool, run, rank, max_records, max_bytes,
+                                   trusted=trusted)
         self.ack_timeout, self.max_backoff = ack_timeout, max_backoff
         self._wake = threading.Event()
         self._stopping = False

@@ -268,8 +268,9 @@ def _start_streamer(server: str, path: Path, run: str, rank: int) -> Streamer | 
             key = new_key()
             log.warning("gradwatch: cannot keep the stream key in %s (%s); `gradwatch replay "
                         "--resume` will not be able to complete this run", key_file(path), e)
+        # trusted: the writer thread writes the spool from records the probe made
         s = Streamer(server, path, run, rank, token=os.environ.get("GRADWATCH_TOKEN"),
-                     key=key)
+                     key=key, trusted=True)
         s.start()
         return s
     except Exception as e:  # noqa: BLE001 - streaming is optional; the log goes on

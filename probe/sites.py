@@ -32,7 +32,7 @@ from gradwatch.wire import Site
 
 _USER, _SKIP, _FRAMEWORK = 0, 1, 2
 _SKIPPED = frozenset({"torch", "gradwatch", "functorch"})
-_OUR_USERS = frozenset({"gradwatch.demo"})
+_OUR_USERS = frozenset({"gradwatch.integrations.demo"})
 """gradwatch modules that are training code, not the probe: the demo's loop is its user's."""
 FRAMEWORKS = frozenset({"lightning", "pytorch_lightning", "lightning_fabric", "transformers",
                         "accelerate", "deepspeed"})

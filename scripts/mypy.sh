@@ -6,5 +6,5 @@ venv=${1:-.venv}
 root=build/mypy
 rm -rf "$root"; mkdir -p "$root/gradwatch"
 for f in gradwatch/*.py; do ln -s "../../../$f" "$root/gradwatch/"; done
-for d in probe server web; do ln -s "../../../$d" "$root/gradwatch/$d"; done
+for d in integrations probe server web; do ln -s "../../../$d" "$root/gradwatch/$d"; done
 MYPYPATH=$root "$venv/bin/mypy" -p gradwatch

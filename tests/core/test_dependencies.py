@@ -144,3 +144,33 @@ def test_a_broken_install_is_one_line_too(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert r.stderr == ("gradwatch check: cannot load gradwatch.check: "
                         "No module named 'pydantic'\n")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+PUBLIC_NAMES = {"lightning.py", "huggingface.py"}
+"""Core modules that only re-export an integration under its documented import path."""
+
+
+def _imports_at_load(path: Path) -> set[str]:
+    """Modules ``path`` imports when it is loaded (not inside functions or TYPE_CHECKING)."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+def test_the_core_never_loads_the_layers_above_it() -> None:
+    """gradwatch/ is the torch-free core: loading a module of it loads neither the probe nor
+    the integrations (the two public callback names excepted, which are only re-exports)."""
+    above = ("gradwatch.probe", "gradwatch.integrations")
+    for path in sorted((ROOT / "gradwatch").glob("*.py")):
+        loaded = {m for m in _imports_at_load(path) if m.startswith(above)}
+        if path.name in PUBLIC_NAMES:
+            assert loaded == {f"gradwatch.integrations.{path.stem}"}, path.name
+        else:
+            assert not loaded, (path.name, loaded)

@@ -76,3 +76,42 @@ def test_a_spool_must_start_with_its_header(tmp_path: Path) -> None:
     spool.write_text(dump_record(step(2, 0)) + "\n")
     with pytest.raises(ValueError, match="does not start with a header"):
         SpoolReader(spool, "run1", 3).version()
+
+
+def _frames(reader: SpoolReader) -> list[str | None]:
+    out = []
+    while (piece := reader.read()) is not None and piece.end > 0 and piece.records:
+        out.append(piece.text)
+    return out
+
+
+def test_a_spool_this_process_wrote_is_framed_alike_without_validating_it_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gradwatch import spool as spool_module
+
+    spool = tmp_path / "run.jsonl"
+    spool.write_text("\n".join(_lines(12)) + "\n")
+    plain = SpoolReader(spool, "run1", 3, max_records=5)
+    plain.seek(0, 3)  # the server holds seq 0-3
+    want = _frames(plain)
+    assert [_seqs(t) for t in want] == [[4, 5, 6, 7, 8], [9, 10, 11, 12, 13]]
+    parsed: list[bytes] = []
+    real = spool_module.parse_record
+    monkeypatch.setattr(spool_module, "parse_record",
+                        lambda raw, v: parsed.append(raw) or real(raw, v))
+    trusted = SpoolReader(spool, "run1", 3, max_records=5, trusted=True)
+    trusted.seek(0, 3)
+    assert _frames(trusted) == want
+    assert len(parsed) == 1 and b'"type":"header"' in parsed[0]  # the header's version only
+
+
+def test_a_trusted_spool_still_validates_a_line_that_opens_without_its_seq(
+        tmp_path: Path) -> None:
+    spool = tmp_path / "run.jsonl"
+    lines = _lines(3)
+    lines.insert(3, '{"t":1.0,"seq":9,"type":"nope"}')  # not a line gradwatch writes
+    spool.write_text("\n".join(lines) + "\n")
+    reader = SpoolReader(spool, "run1", 3, trusted=True)
+    piece = reader.read()
+    assert piece is not None and _seqs(piece.text) == [0, 1, 2, 3, 4]
+    assert reader.dropped == 1

@@ -9,7 +9,7 @@ import torch  # noqa: F401
 
 # In-process runs drop the modules they imported afterwards; torch must not be imported
 # twice in one process, so it (and the probe) are imported here, outside them.
-import gradwatch.autowatch  # noqa: F401
+import gradwatch.integrations.sessions  # noqa: F401
 import gradwatch.probe.api  # noqa: F401
 
 pytest_plugins = ["pytester"]

@@ -158,12 +158,15 @@ def test_streamer_gets_notified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
     events: list[str] = []
     keys: list[str | None] = []
+    trust: list[bool] = []
 
     class FakeStreamer:
         def __init__(self, url: str, spool: Path, run: str, rank: int,
-                     token: str | None = None, key: str | None = None) -> None:
+                     token: str | None = None, key: str | None = None,
+                     trusted: bool = False) -> None:
             events.append(f"init {url} {Path(spool).name} {run} {rank} {token}")
             keys.append(key)
+            trust.append(trusted)
 
         def start(self) -> None:
             events.append("start")
@@ -189,6 +192,7 @@ def test_streamer_gets_notified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert "notify" in events and events[-1] == "close"
     assert read_log(tmp_path / "s.jsonl").records[-1].dropped == 2
     assert keys == [read_key(tmp_path / "s.jsonl")] and keys[0]  # the log's stream key
+    assert trust == [True]  # the probe's own spool: not validated again before sending
 
 
 def test_full_queue_drops_and_counts(tmp_path: Path) -> None:

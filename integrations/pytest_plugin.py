@@ -1,10 +1,11 @@
 """``pytest --gradwatch``: every test becomes a gradient-reset check.
 
 Loaded by pytest through the ``pytest11`` entry point and idle unless ``--gradwatch`` is
-given. Then each test gets its own watch session (:class:`gradwatch.autowatch.AutoWatch`),
-opened before the test's fixtures and closed after them, that attaches to every optimizer
-the test builds or steps; its step log goes to pytest's temporary directory. A test that
-passes but stepped on a gradient-reset bug fails with the finding, its lines and its fix;
+given. Then each test gets its own watch session
+(:class:`gradwatch.integrations.sessions.AutoWatch`), opened before the test's fixtures and
+closed after them, that attaches to every optimizer the test builds or steps; its step log
+goes to pytest's temporary directory. A test that passes but stepped on a gradient-reset
+bug fails with the finding, its lines and its fix;
 a test that fails on its own keeps its error and gets the findings as a report section.
 ``@pytest.mark.no_gradwatch`` leaves a test unwatched (one that breaks training on purpose).
 
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from gradwatch.autowatch import AutoWatch
+    from gradwatch.integrations.sessions import AutoWatch
 
 _SESSION = pytest.StashKey["AutoWatch"]()
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -69,7 +70,7 @@ class _Watcher:
         if node.get_closest_marker("no_gradwatch"):
             yield
             return
-        from gradwatch.autowatch import AutoWatch
+        from gradwatch.integrations.sessions import AutoWatch
 
         folder = tmp_path_factory.mktemp("gradwatch-" + _UNSAFE.sub("_", node.name)[:40])
         session = AutoWatch(folder / "steps.jsonl", server=self.server,

@@ -17,7 +17,7 @@ import argparse
 import shlex
 from typing import Any
 
-from gradwatch.autowatch import AutoWatch, Slice
+from gradwatch.integrations.sessions import AutoWatch, Slice
 from gradwatch.report import finding_lines
 
 _USAGE = ("%gradwatch on [--server URL] [--log PATH] [--name NAME] [--norms-every N]"

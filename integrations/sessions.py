@@ -1,10 +1,17 @@
-"""What the Lightning and Hugging Face callbacks share: their arguments, the watch session
-they open when training starts and close when it ends, and the figures they hand over to
-the framework's own logging.
+"""The watch sessions opened for the user by the integrations: one home.
 
-Thread: training (the frameworks call their callbacks there).
+* :class:`CallbackSession`: a Lightning or Hugging Face callback's, over the optimizers the
+  framework sets up, opened when training starts and closed (its verdict said in one line)
+  when it ends; with the figures it hands over to the framework's own logging.
+* :class:`AutoWatch`: over every optimizer a program makes or steps while it is open, as
+  ``gradwatch run`` does for a script (:class:`gradwatch.probe.autostart.AutoSession`, which
+  opens at the script's first optimizer), read in slices: the pytest plugin judges one test
+  with it, the notebook extension one cell at a time.
 
-The probe (and so torch) is imported when a callback is built, not with this module: the
+Thread: training (the frameworks call their callbacks there; the test's or the notebook's
+thread, between its training steps).
+
+The probe (and so torch) is imported when a session is built, not with this module: the
 callback modules first check that their framework and torch are installed.
 """
 
@@ -14,8 +21,11 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from gradwatch.wire import Finding
 
 if TYPE_CHECKING:
     import torch
@@ -229,3 +239,75 @@ def torch_distributed_broadcast() -> Broadcast | None:
         return box[0]
 
     return broadcast
+
+
+@dataclass(frozen=True)
+class Slice:
+    """What happened since the previous :meth:`AutoWatch.since_last`."""
+
+    steps: int
+    """Optimizer steps judged in the slice."""
+    findings: list[tuple[Finding, bool]]
+    """Findings that gained steps in the slice, each with whether it is new in the run."""
+
+
+class AutoWatch:
+    """Opens a session in ``auto`` mode: every ``torch.optim.Optimizer`` built while it is
+    open is attached at once, and one built earlier at its first step. Parameter names come
+    from the modules found in memory.
+
+    Args:
+        log: step log path; server, run_name, norms_every, run_id: as ``gradwatch.watch()``.
+
+    Raises:
+        gradwatch.extras.TorchMissingError: torch is not installed.
+        TypeError, ValueError: an argument is wrong.
+    """
+
+    def __init__(self, log: str | os.PathLike[str], *, server: str | None = None,
+                 run_name: str | None = None, norms_every: int = 1,
+                 run_id: str | None = None) -> None:
+        from gradwatch.probe import names
+        from gradwatch.probe.api import WatchHandle
+        from gradwatch.probe.watchargs import validate_options
+
+        validate_options(log, server, run_name, norms_every)
+        self.handle: WatchHandle = WatchHandle(
+            [], log=log, server=server, run_name=run_name, norms_every=norms_every,
+            run_id=run_id, auto=True, namer=names.from_live_modules,
+            labeler=names.optimizer_label)
+        self._steps = 0
+        self._reported: dict[tuple[int, str, str], int] = {}
+        """Steps of each finding (by rank, optimizer, kind) at the last slice."""
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps judged so far."""
+        return int(self.handle.tracker.steps)
+
+    def stepped(self) -> bool:
+        """Whether an optimizer stepped since the previous :meth:`since_last` (no wait)."""
+        return self.steps != self._steps
+
+    def since_last(self) -> Slice:
+        """Steps and findings since the previous call (or the start).
+
+        Waits for the writer thread to judge what was handed to it (at most its poll
+        interval): call it between cells or at the end of a test, never inside training.
+        """
+        steps = self.steps
+        self.handle.writer.settle()
+        grown = []
+        for f in self.handle.findings():
+            key = (f.rank, f.optimizer, f.kind)
+            before = self._reported.get(key)
+            if before is None or f.steps > before:
+                grown.append((f, before is None))
+            self._reported[key] = f.steps
+        out = Slice(steps - self._steps, grown)
+        self._steps = steps
+        return out
+
+    def close(self, status: str = "finished") -> None:
+        """Close the session: hooks removed, wrappers restored, step log ended."""
+        self.handle.close(status=status)
