@@ -21,6 +21,7 @@ elements (:func:`readable`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -46,6 +47,9 @@ def local(t: Any) -> Any:
     return t
 
 
+_grad = attrgetter("grad")
+
+
 class GradReader:
     """How one optimizer's gradients are read: as they are, or, once one of its parameters
     is a DTensor, each as its local shard. Owned by the ledger, which flips :attr:`sharded`
@@ -65,7 +69,7 @@ class GradReader:
 
     def grads(self, params: Sequence[torch.Tensor]) -> Grads:
         """The gradients of ``params`` (None where one has none)."""
-        gs = [p.grad for p in params]
+        gs = list(map(_grad, params))
         if self.sharded:
             return [local(g) for g in gs]
         return gs

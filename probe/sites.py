@@ -108,7 +108,8 @@ class Sites:
             kind = entry[1]
             if kind == _USER:
                 if outer is None or _VERB[role] in outer.f_code.co_name:
-                    return self._site(f)
+                    sid = self._by_key.get((id(code), f.f_lasti))  # the usual call: known
+                    return self._site(f) if sid is None else sid
                 # the framework made the call: the user's function standing for it, else
                 # the user's line that started the framework (``trainer.fit(model)``)
                 stand = self._stand_ins.get(role)
