@@ -37,7 +37,8 @@ class Plan:
 
     Attributes:
         world: the launch's ranks (the header's ``world_size``).
-        live: the run is live (its ranks still stream).
+        live: more rows may come: the run is live, or interrupted (a stream that resumes
+            makes it live again).
         kinds: per combined optimizer, each rank's placement kinds.
     """
 
@@ -64,7 +65,8 @@ def plan_of(reader: Reader, run_id: str) -> Plan | None:
     if run is None:
         return None
     world = int(run["header"].get("world_size") or 1)
-    return Plan(world=world, live=run["status"] == "live", kinds=kinds if world > 1 else {})
+    return Plan(world=world, live=run["status"] in ("live", "interrupted"),
+                kinds=kinds if world > 1 else {})
 
 
 def combine(reader: Reader, run_id: str, plan: Plan, opt: str, rows: list[Row],
@@ -113,9 +115,10 @@ def model_steps(reader: Reader, run_id: str, start: int | None = None,
     """:meth:`Reader.steps` with the model's norms in the rows of sharded optimizers.
 
     Args:
-        last: as :meth:`Reader.steps`; given (a snapshot) while the run is live, a combined
-            optimizer's rows past the last step every rank has stored are left out and its
-            ``last`` is that step: they come live once every rank has it.
+        last: as :meth:`Reader.steps`; given (a snapshot) while more rows may come
+            (:attr:`Plan.live`), a combined optimizer's rows past the last step every rank
+            has stored are left out and its ``last`` is that step: they come live once every
+            rank has it (a window read without ``last`` has them).
         plan: the run's plan, if already read.
     Returns:
         The rows (``None``: no such run).

@@ -105,3 +105,29 @@ def test_the_live_view_shows_the_models_norms_or_each_ranks(client: TestClient) 
                     rows.update(new)
         _is_model(got[0], run)
         _is_own(got[1], run)
+
+
+def test_after_a_restart_live_rows_resume_where_the_snapshot_stopped(
+        settings: Any) -> None:
+    """Rank 1 lags when the server restarts: the snapshot stops at rank 1's last step, and
+    rank 0's steps stored past it before the restart still come live, combined."""
+    from gradwatch.server import create_app
+
+    run = sh.sharded_run()
+    cut = {0: 2 * len(run.records[0]) // 3, 1: len(run.records[1]) // 3}
+    with TestClient(create_app(settings)) as before:
+        for rank, recs in run.records.items():
+            ingest(before, recs[:cut[rank]], sh.RUN, rank)
+    with TestClient(create_app(settings)) as after, \
+            after.websocket_connect(f"/ws/live?run={sh.RUN}") as ws:
+        snap = ws.receive_json()
+        rows = _rows(snap["steps"])
+        for rank, recs in run.records.items():
+            ingest(after, recs[cut[rank]:], sh.RUN, rank)
+        while len(rows) < len(run.own):
+            m = ws.receive_json()
+            if m["type"] == "steps":
+                new = _rows(m["steps"])
+                assert not set(new) & set(rows)
+                rows.update(new)
+        _is_model(rows, run)
