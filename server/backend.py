@@ -92,6 +92,17 @@ class Database(Protocol):
     def housekeeping(self, stop: threading.Event) -> None:
         """Run beside the writer until ``stop`` is set (SQLite: WAL checkpoints)."""
 
+    def generation(self, conn: Any, run_id: str) -> int | None:
+        """How many writes of the run any server has committed (bumped by each), so a
+        server sees another wrote it since; None where one process writes (SQLite)."""
+
+    def lock_run(self, conn: Any, run_id: str) -> None:
+        """Inside a write transaction: be the run's one writer until it ends (servers
+        sharing the database take turns; a no-op for SQLite's single writer)."""
+
+    def bump(self, conn: Any, run_id: str, generation: int) -> None:
+        """Record the run's new write generation (inside the write's transaction)."""
+
 
 class Reads(Protocol):
     """The read half of :class:`Storage` (thread-safe; called from worker threads)."""

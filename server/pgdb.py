@@ -222,6 +222,22 @@ class PostgresDatabase:
         """A read-only connection."""
         return PgConn(self.url, reader=True)
 
+    def generation(self, conn: PgConn, run_id: str) -> int | None:
+        """The run's write generation (0 before its first write)."""
+        row = conn.raw.execute("SELECT gen FROM run_writers WHERE id=%s", (run_id,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def lock_run(self, conn: PgConn, run_id: str) -> None:
+        """A transaction-scoped advisory lock on the run id: one server writes it at a
+        time, and a server that died holds nothing."""
+        conn.raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, %s))",
+                         (run_id, pgschema.RUN_LOCKS))
+
+    def bump(self, conn: PgConn, run_id: str, generation: int) -> None:
+        """Store the run's new write generation."""
+        conn.raw.execute("INSERT INTO run_writers(id, gen) VALUES(%s, %s) ON CONFLICT (id) "
+                         "DO UPDATE SET gen = EXCLUDED.gen", (run_id, generation))
+
     def housekeeping(self, stop: threading.Event) -> None:
         """Nothing to do beside the writer: PostgreSQL's autovacuum keeps its files."""
         stop.wait()

@@ -61,6 +61,16 @@ class SqliteDatabase:
         """A read-only connection (WAL lets it read beside the writer)."""
         return db.connect(self.data_dir, readonly=True)
 
+    def generation(self, conn: sqlite3.Connection, run_id: str) -> int | None:
+        """None: one server writes a data directory (its process holds the state)."""
+        return None
+
+    def lock_run(self, conn: sqlite3.Connection, run_id: str) -> None:
+        """Nothing to do: SQLite has one writer (the writer thread)."""
+
+    def bump(self, conn: sqlite3.Connection, run_id: str, generation: int) -> None:
+        """Nothing to do (see :meth:`generation`)."""
+
     def housekeeping(self, stop: threading.Event) -> None:
         """Passive WAL checkpoints every ``checkpoint_every`` seconds until ``stop``."""
         conn = db.connect(self.data_dir)

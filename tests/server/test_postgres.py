@@ -16,8 +16,10 @@ from fastapi.testclient import TestClient
 
 from gradwatch.frames import Hello
 from gradwatch.server import create_app
-from gradwatch.server.errors import NewerDatabase
-from gradwatch.server.pgschema import SCHEMA_VERSION
+from gradwatch.server.batch import batch_of_records
+from gradwatch.server.errors import NewerDatabase, StreamOwned
+from gradwatch.server.migrate import statements
+from gradwatch.server.pgschema import SCHEMA, SCHEMA_VERSION
 from gradwatch.server.storage import Store
 from gradwatch.steplog import read_log
 from gradwatch.verdict import verdict_of
@@ -98,7 +100,6 @@ def test_a_database_of_a_newer_gradwatch_is_refused_untouched(pg_cluster: Any) -
 
 
 def synth_batch() -> Any:
-    from gradwatch.server.batch import batch_of_records
     return batch_of_records("run1", 0, synth.records(steps=5, end=False))
 
 
@@ -107,3 +108,69 @@ def test_an_unreachable_database_is_named_without_its_password() -> None:
     with pytest.raises(psycopg.Error) as e:
         Store(url)
     assert "alice:***@127.0.0.1" in str(e.value) and "pw-s3cret" not in str(e.value)
+
+
+def test_two_servers_on_one_database_take_turns_at_a_stream(pg_cluster: Any) -> None:
+    """A stream moves between servers (a restart, a balancer): the one it moves to
+    rebuilds the run's state from the database, so acks, ownership and findings go on."""
+    url = pg_cluster.new_database()
+    a, b = Store(url), Store(url)
+    a.start()
+    b.start()
+    try:
+        recs = synth.records(steps=200, stale_from=60)
+        key = "k-123"
+        parts = [recs[i:i + 15] for i in range(0, len(recs), 15)]
+        for i, part in enumerate(parts):  # every batch to the other server than the last
+            s = (a, b)[i % 2]
+            res = s.call(s.ingest, batch_of_records("run1", 0, part), None, key)
+            assert res.ack == part[-1].seq
+            other = (b, a)[i % 2]  # the resume position is the database's, on any server
+            assert other.call(other.resume_seq, "run1", 0, key) == part[-1].seq
+        with pytest.raises(StreamOwned):
+            b.call(b.ingest, batch_of_records("run1", 0, recs[-3:]), None, "wrong")
+        got = a.reader.findings("run1")
+        assert got == verdict_of(recs).findings()
+        summary = b.reader.summary("run1")
+        assert summary is not None and summary.steps == 200
+        assert summary.status == "finished"
+        # Both servers handed the same resend at once: stored once, both acked.
+        errors: list[BaseException] = []
+        acks: list[int] = []
+
+        def resend(s: Store) -> None:
+            try:
+                acks.append(s.call(s.ingest, batch_of_records("run1", 0, recs[50:120]),
+                                   None, key).ack)
+            except BaseException as e:  # handed to the test
+                errors.append(e)
+
+        threads = [threading.Thread(target=resend, args=(s,)) for s in (a, b, a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and acks == [len(recs) - 1] * 4
+        rows = a.reader.steps("run1", max_points=10_000)
+        assert rows is not None and [r.step for r in rows.rows] == list(range(200))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_schema_4_database_migrates_keeping_its_runs(pg_cluster: Any) -> None:
+    url = pg_cluster.new_database()
+    with psycopg.connect(url, autocommit=True) as c:  # as the first release wrote it
+        for s in statements(SCHEMA):
+            c.execute(s)
+        c.execute("CREATE TABLE gradwatch_schema(version INTEGER NOT NULL)")
+        c.execute("INSERT INTO gradwatch_schema VALUES(4)")
+    s = Store(url)
+    s.start()
+    s.call(s.ingest, synth_batch())
+    s.close()
+    with psycopg.connect(url) as c:
+        assert c.execute("SELECT version FROM gradwatch_schema").fetchone() == (
+            SCHEMA_VERSION,)
+        assert c.execute("SELECT count(*) FROM steps").fetchone() == (5,)
+        assert c.execute("SELECT gen FROM run_writers").fetchall() == [(1,)]
