@@ -70,9 +70,11 @@ class Database(Protocol):
         where: the database as messages name it (a password masked).
         Error: the engine's error class: a write it raises is rolled back and refused
             (:class:`~server.errors.StorageFailed`).
+        shared: several servers may write it at once (runs' write generations, notes).
     """
 
     kind: str
+    shared: bool
     where: str
     Error: type[Exception]
 
@@ -102,6 +104,14 @@ class Database(Protocol):
 
     def bump(self, conn: Any, run_id: str, generation: int) -> None:
         """Record the run's new write generation (inside the write's transaction)."""
+
+    def announce(self, conn: Any, note: str) -> None:
+        """Tell the other servers on this database of a change (:mod:`server.remote`),
+        once the write's transaction commits; a no-op where one server writes."""
+
+    def listen(self, heard: Callable[[str], None], stop: threading.Event) -> None:
+        """Call ``heard`` with each other server's note until ``stop`` is set (returns at
+        once where one server writes)."""
 
 
 class Reads(Protocol):
@@ -137,6 +147,10 @@ class Storage(Protocol):
     @property
     def reader(self) -> Reads:
         """Its reads."""
+
+    @property
+    def server(self) -> str:
+        """This server's id among those sharing the database (:mod:`server.remote`)."""
 
     def start(self) -> None: ...
     def close(self, timeout: float = 30.0) -> None: ...

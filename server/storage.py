@@ -18,6 +18,7 @@ import concurrent.futures as cf
 import contextlib
 import json
 import logging
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,7 @@ from gradwatch.server.errors import (
     StorageFailed,
 )
 from gradwatch.server.reader import Reader
+from gradwatch.server.remote import note_of
 from gradwatch.server.runstate import RunState, load_state, new_state
 from gradwatch.server.writerthread import WriterThread
 from gradwatch.server.writes import ResetSets, write_batch
@@ -71,6 +73,8 @@ class Store:
         self._conn = self.database.open_writer()
         self._writer = WriterThread(self.database.housekeeping, queue_size)
         self.reader = Reader(self.database)
+        self.server = uuid.uuid4().hex[:12]
+        """This server's id among those sharing the database."""
         # A run that was live when the server stopped lost its stream: interrupted until
         # its probe reconnects and resumes.
         n = self._conn.execute(
@@ -122,10 +126,14 @@ class Store:
         self._states.move_to_end(run_id)
         return st
 
-    def _wrote(self, st: RunState) -> None:
-        """A write of the run is about to commit: the next generation is this state's."""
-        st.gen += 1
-        self.database.bump(self._conn, st.id, st.gen)
+    def _wrote(self, st: RunState, res: IngestResult | None = None,
+               deleted: bool = False) -> None:
+        """A write of the run is about to commit: the next generation is this state's,
+        and the other servers on the database hear of it (:mod:`server.remote`)."""
+        if self.database.shared:
+            st.gen += 1
+            self.database.bump(self._conn, st.id, st.gen)
+            self.database.announce(self._conn, note_of(self.server, st.id, res, deleted))
 
     def _check(self, st: RunState | None, batch: Batch, key: str | None) -> bool:
         """Refuse a batch the stream rules do not allow; False: nothing to store.
@@ -197,8 +205,8 @@ class Store:
                 st = self._create(header, name)
                 res.new_run = True
             owners.claim(st, batch.rank, key)
-            write_batch(self._conn, st, batch, res, self._resets)
-            self._wrote(st)
+            if write_batch(self._conn, st, batch, res, self._resets):
+                self._wrote(st, res)
             self._conn.execute("COMMIT")
         except BaseException as e:
             self._rolled_back(batch.run)
@@ -283,7 +291,7 @@ class Store:
         try:
             self._conn.execute("BEGIN")
             db.delete_run(self._conn, st.rid)
-            self._wrote(st)
+            self._wrote(st, deleted=True)
             self._conn.execute("COMMIT")
         except self._error as e:
             self._rolled_back(run_id)

@@ -174,3 +174,31 @@ def test_a_schema_4_database_migrates_keeping_its_runs(pg_cluster: Any) -> None:
             SCHEMA_VERSION,)
         assert c.execute("SELECT count(*) FROM steps").fetchone() == (5,)
         assert c.execute("SELECT gen FROM run_writers").fetchall() == [(1,)]
+
+
+def test_a_dashboard_on_one_server_sees_a_run_written_through_another(
+        pg_cluster: Any, tmp_path: Path) -> None:
+    url = pg_cluster.new_database()
+    recs = synth.records(steps=80, stale_from=50)
+    a = TestClient(create_app(app_settings(data_dir=tmp_path / "a", db=url)))
+    b = TestClient(create_app(app_settings(data_dir=tmp_path / "b", db=url)))
+    with a, b:
+        ingest(a, recs[:30])
+        with b.websocket_connect("/ws/live?run=run1") as live:
+            snap = live.receive_json()
+            assert snap["type"] == "snapshot" and snap["steps"]["step"] == list(range(28))
+            ingest(a, recs[30:])  # through server A, to its end
+            seen: list[int] = []
+            kinds: set[str] = set()
+            status = None
+            while status != "finished" or seen != list(range(28, 80)) or \
+                    "findings" not in kinds:
+                f = live.receive_json()
+                kinds.add(f["type"])
+                if f["type"] == "steps":
+                    seen += f["steps"]["step"]
+                elif f["type"] == "run":
+                    status = f["run"]["status"]
+                elif f["type"] == "findings":
+                    assert f["findings"][0]["first_step"] == 50
+        assert b.get("/api/runs/run1").json()["steps"] == 80
