@@ -28,39 +28,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from storage_server import _dir_bytes, probe_log  # noqa: E402
+from storage_server import _dir_bytes, _import, probe_log  # noqa: E402
 
 from tests.pgcluster import Cluster  # noqa: E402
 
 TABLES = ("runs", "streams", "records", "series", "steps", "param_norms", "reset_sets",
           "scalars", "step_agg", "optimizers", "findings")
-
-
-async def _import(where: Any, log: Path) -> tuple[int, float]:
-    import time
-
-    from gradwatch.server.importing import BLOCK_BYTES
-    from gradwatch.server.runs import Runs
-    from gradwatch.server.settings import Settings, default_parse_processes
-
-    db = where if isinstance(where, str) else None
-    data = where if isinstance(where, Path) else Path(tempfile.mkdtemp())
-    runs = Runs(Settings(data_dir=data, db=db, parse_processes=default_parse_processes()))
-    runs.start()
-
-    async def chunks() -> Any:
-        with log.open("rb") as fh:
-            while b := fh.read(BLOCK_BYTES):
-                yield b
-
-    try:
-        await runs.parser.started()
-        t = time.perf_counter()
-        _, n, _ = await runs.import_stream(chunks(), log.name)
-        dt = time.perf_counter() - t
-    finally:
-        runs.close()
-    return n, dt
 
 
 def pg_bytes(url: str) -> int:
@@ -85,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="gradwatch-bench-") as tmp:
             log = probe_log(Path(tmp) / "run.jsonl", a.steps)
             data = Path(tmp) / "data"
-            n, dt = asyncio.run(_import(data, log))
+            _, n, dt = asyncio.run(_import(data, log))
             records = sum(1 for _ in log.open("rb"))
             out["sqlite"] = {"bytes_per_step": _dir_bytes(data) / n,
                              "records_per_s": records / dt}
@@ -93,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             from gradwatch.server.storage import Store
             Store(url).close()  # the schema, empty: its size is subtracted
             empty = pg_bytes(url)
-            n, dt = asyncio.run(_import(url, log))
+            _, n, dt = asyncio.run(_import(Path(tmp) / "unused", log, url))
             out["postgresql"] = {"bytes_per_step": (pg_bytes(url) - empty) / n,
                                  "records_per_s": records / dt}
     finally:
