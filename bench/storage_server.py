@@ -90,7 +90,9 @@ def _dir_bytes(d: Path) -> int:
     return sum(p.stat().st_size for p in d.iterdir() if p.is_file())
 
 
-async def _import(data: Path, log: Path) -> tuple[str, int, float]:
+async def _import(data: Path, log: Path, db: str | None = None) -> tuple[str, int, float]:
+    """Import ``log`` as ``gradwatch serve`` would, into ``data`` (or the database ``db``):
+    the run id, the steps stored and the import's seconds."""
     from gradwatch.gcpause import settle_server_heap
     from gradwatch.server.importing import BLOCK_BYTES
     from gradwatch.server.runs import Runs
@@ -99,7 +101,7 @@ async def _import(data: Path, log: Path) -> tuple[str, int, float]:
     # As ``gradwatch serve`` runs it: the heap settled once start-up's imports are done,
     # its parser processes beside the event loop and the writer.
     settle_server_heap()
-    runs = Runs(Settings(data_dir=data, parse_processes=default_parse_processes()))
+    runs = Runs(Settings(data_dir=data, db=db, parse_processes=default_parse_processes()))
     runs.start()
 
     async def chunks() -> Any:

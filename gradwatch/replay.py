@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 from gradwatch.cliargs import CommandParser, summary
 from gradwatch.frames import CloseCode
 from gradwatch.steplog import GZIP_MAGIC, LogReader, StepLogError, StepLogWriter
-from gradwatch.stream import Streamer, ingest_url, reachable
+from gradwatch.stream import Streamer, ingest_urls, reachable
 from gradwatch.streamkey import UnsafeKeyFile, key_file, new_key, read_key
 
 
@@ -114,7 +114,7 @@ def main(argv: Sequence[str]) -> int:
     if a.resume and a.name:
         parser.error("--resume keeps the run as it is; drop --name")
     try:
-        ingest_url(a.server)
+        ingest_urls(a.server)
     except ValueError as e:
         parser.error(f"--server: {e}")
     try:

@@ -86,15 +86,33 @@ class StreamStats:
 
 
 def reachable(server: str, timeout: float = 3.0) -> str | None:
-    """Why the server at ``server`` cannot be reached (a TCP connection to its host and
-    port fails within ``timeout`` seconds), or None when it answers."""
-    parts = urlsplit(ingest_url(server))
-    port = parts.port or (443 if parts.scheme == "wss" else 80)
-    try:
-        socket.create_connection((parts.hostname or "127.0.0.1", port), timeout).close()
-    except OSError as e:
-        return e.strerror or str(e) or type(e).__name__
-    return None
+    """Why none of the servers in ``server`` (one URL, or several comma-separated) can be
+    reached (a TCP connection to its host and port fails within ``timeout`` seconds), or
+    None when one answers."""
+    why = None
+    for url in ingest_urls(server):
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "wss" else 80)
+        try:
+            socket.create_connection((parts.hostname or "127.0.0.1", port), timeout).close()
+        except OSError as e:
+            why = why or (e.strerror or str(e) or type(e).__name__)
+            continue
+        return None
+    return why
+
+
+def ingest_urls(server: str) -> list[str]:
+    """The ingest URLs of ``ws://A,ws://B``: servers sharing one database, tried in turn
+    (:class:`Streamer` moves to the next when one fails).
+
+    Raises:
+        ValueError: an empty list, or a URL that is not ws:// or wss://.
+    """
+    urls = [ingest_url(u.strip()) for u in server.split(",") if u.strip()]
+    if not urls:
+        raise ValueError(f"no server URL in {server!r}")
+    return urls
 
 
 def ingest_url(server: str) -> str:
@@ -111,7 +129,9 @@ class Streamer:
     """Sends the records of a spool file to ``/ws/ingest`` as they are appended.
 
     Args:
-        url: server URL (``ws://127.0.0.1:8765``; ``/ws/ingest`` is added).
+        url: server URL (``ws://127.0.0.1:8765``; ``/ws/ingest`` is added), or several,
+            comma-separated, of servers sharing one database: when the connection to one
+            fails the next is tried, and it resumes where the database says.
         spool: the step log the probe writes (read-only here; plain, not compressed).
         run: run id (the header's ``run``).
         rank: process rank.
@@ -128,7 +148,9 @@ class Streamer:
                  token: str | None = None, *, key: str | None = None,
                  max_records: int = 1000, max_bytes: int = 512 << 10,
                  ack_timeout: float = 10.0, max_backoff: float = 5.0, trusted: bool = False):
-        self.url = ingest_url(url)
+        self.urls = ingest_urls(url)
+        self.url = self.urls[0]
+        """The server connected to, or tried next."""
         self.spool = Path(spool)
         self.run, self.rank, self.token, self.key = run, rank, token, key
         self._reader = SpoolReader(self.spool, run, rank, max_records, max_bytes,
@@ -203,6 +225,7 @@ class Streamer:
                     ValidationError) as e:
                 failures += 1
                 self._lost(e)
+                self._next_server()
             except Exception:  # an internal error: log once, stop streaming
                 log.exception("gradwatch streamer failed; records stay in %s", self.spool)
                 self._stats.disabled = "internal error (see log)"
@@ -216,6 +239,13 @@ class Streamer:
                 delay = min(delay, max(0.0, self._deadline - time.monotonic()))
             self._wake.wait(delay)
             self._wake.clear()
+
+    def _next_server(self) -> None:
+        """Fail over: the next URL of the list (servers sharing one database resume the
+        stream where it stands there)."""
+        if len(self.urls) > 1:
+            self.url = self.urls[(self.urls.index(self.url) + 1) % len(self.urls)]
+            log.info("gradwatch streamer: trying %s next", self.url)
 
     def _handshake(self, ws: ClientConnection) -> None:
         """Ask where to resume (``hello`` → ``resume``) and position the spool reader."""

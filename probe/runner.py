@@ -72,7 +72,9 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                         "there is replaced). Under torchrun, spell it --step-log: torchrun "
                         "reads --log as its own --log-dir")
     p.add_argument("--server", default=os.environ.get("GRADWATCH_SERVER"),
-                   help="gradwatch server URL to stream to")
+                   help="gradwatch server URL to stream to; several, comma-separated "
+                        "(ws://A,ws://B: servers sharing one database), to move to the "
+                        "next when one fails")
     p.add_argument("--name", default=None, help="run name (default: the script name)")
     p.add_argument("--norms-every", type=int, default=1,
                    help="sample gradient norms every N steps (0 = never)")
@@ -83,10 +85,10 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     if args.norms_every < 0:
         p.error("--norms-every must be >= 0")
     if args.server is not None:
-        from gradwatch.stream import ingest_url
+        from gradwatch.stream import ingest_urls
 
         try:
-            ingest_url(args.server)
+            ingest_urls(args.server)
         except ValueError as e:
             p.error(f"--server: {e}")
     if not target:

@@ -70,9 +70,11 @@ class Database(Protocol):
         where: the database as messages name it (a password masked).
         Error: the engine's error class: a write it raises is rolled back and refused
             (:class:`~server.errors.StorageFailed`).
+        shared: several servers may write it at once (runs' write generations, notes).
     """
 
     kind: str
+    shared: bool
     where: str
     Error: type[Exception]
 
@@ -91,6 +93,25 @@ class Database(Protocol):
 
     def housekeeping(self, stop: threading.Event) -> None:
         """Run beside the writer until ``stop`` is set (SQLite: WAL checkpoints)."""
+
+    def generation(self, conn: Any, run_id: str) -> int | None:
+        """How many writes of the run any server has committed (bumped by each), so a
+        server sees another wrote it since; None where one process writes (SQLite)."""
+
+    def lock_run(self, conn: Any, run_id: str) -> None:
+        """Inside a write transaction: be the run's one writer until it ends (servers
+        sharing the database take turns; a no-op for SQLite's single writer)."""
+
+    def bump(self, conn: Any, run_id: str, generation: int) -> None:
+        """Record the run's new write generation (inside the write's transaction)."""
+
+    def announce(self, conn: Any, note: str) -> None:
+        """Tell the other servers on this database of a change (:mod:`server.remote`),
+        once the write's transaction commits; a no-op where one server writes."""
+
+    def listen(self, heard: Callable[[str], None], stop: threading.Event) -> None:
+        """Call ``heard`` with each other server's note until ``stop`` is set (returns at
+        once where one server writes)."""
 
 
 class Reads(Protocol):
@@ -126,6 +147,10 @@ class Storage(Protocol):
     @property
     def reader(self) -> Reads:
         """Its reads."""
+
+    @property
+    def server(self) -> str:
+        """This server's id among those sharing the database (:mod:`server.remote`)."""
 
     def start(self) -> None: ...
     def close(self, timeout: float = 30.0) -> None: ...

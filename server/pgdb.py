@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -28,6 +28,8 @@ from gradwatch.server.series_read import BUCKET_MAX
 
 log = logging.getLogger(__name__)
 
+CHANNEL = "gradwatch"
+"""The NOTIFY channel of :mod:`server.remote`'s notes."""
 _IDS = {"runs": "rid", "series": "sid", "reset_sets": "id"}
 """Tables whose new row's id the writer reads (SQLite's ``lastrowid``)."""
 
@@ -193,6 +195,7 @@ class PostgresDatabase:
     """
 
     kind = "postgresql"
+    shared = True
     Error: type[Exception] = psycopg.Error
 
     def __init__(self, url: str):
@@ -221,6 +224,40 @@ class PostgresDatabase:
     def open_reader(self) -> PgConn:
         """A read-only connection."""
         return PgConn(self.url, reader=True)
+
+    def generation(self, conn: PgConn, run_id: str) -> int | None:
+        """The run's write generation (0 before its first write)."""
+        row = conn.raw.execute("SELECT gen FROM run_writers WHERE id=%s", (run_id,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def lock_run(self, conn: PgConn, run_id: str) -> None:
+        """A transaction-scoped advisory lock on the run id: one server writes it at a
+        time, and a server that died holds nothing."""
+        conn.raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, %s))",
+                         (run_id, pgschema.RUN_LOCKS))
+
+    def bump(self, conn: PgConn, run_id: str, generation: int) -> None:
+        """Store the run's new write generation."""
+        conn.raw.execute("INSERT INTO run_writers(id, gen) VALUES(%s, %s) ON CONFLICT (id) "
+                         "DO UPDATE SET gen = EXCLUDED.gen", (run_id, generation))
+
+    def announce(self, conn: PgConn, note: str) -> None:
+        """``pg_notify`` on :data:`CHANNEL` (delivered when the transaction commits)."""
+        conn.raw.execute("SELECT pg_notify(%s, %s)", (CHANNEL, note))
+
+    def listen(self, heard: Callable[[str], None], stop: threading.Event) -> None:
+        """LISTEN on a connection of its own; connect again after the database restarts."""
+        while not stop.is_set():
+            try:
+                with connect(self.url) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    while not stop.is_set():
+                        for n in conn.notifies(timeout=0.5):
+                            heard(n.payload)
+            except psycopg.Error as e:
+                log.warning("listening for other servers' changes failed (%s); again in "
+                            "1 s", e)
+                stop.wait(1.0)
 
     def housekeeping(self, stop: threading.Event) -> None:
         """Nothing to do beside the writer: PostgreSQL's autovacuum keeps its files."""

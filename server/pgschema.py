@@ -22,9 +22,15 @@ from gradwatch.server.migrate import statements
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
-"""The version of :data:`SCHEMA`: numbered as SQLite's (:data:`server.db.SCHEMA_VERSION`),
-whose tables it mirrors; PostgreSQL databases start at it."""
+SCHEMA_VERSION = 5
+"""The current version. :data:`SCHEMA` is version 4, numbered as SQLite's
+(:data:`server.db.SCHEMA_VERSION`), whose tables it mirrors; :data:`MIGRATIONS` go on
+from it, for a new database too."""
+FIRST_VERSION = 4
+"""The version :data:`SCHEMA` creates."""
+
+RUN_LOCKS = 0x67727275  # "grru"
+"""Seed of the run-id hash that keys a run's write lock (``pg_advisory_xact_lock``)."""
 
 MIGRATION_LOCK = 0x67726164  # "grad"
 """``pg_advisory_xact_lock`` key held while the schema is created or migrated."""
@@ -85,7 +91,15 @@ KEYS = {"optimizers": ("rid", "rank", "opt"), "findings": ("rid", "rank", "opt",
 """Primary keys of the tables SQLite's ``INSERT OR REPLACE`` writes (an upsert here)."""
 
 Migration = Callable[[Any], None]
-MIGRATIONS: dict[int, Migration] = {}
+
+
+def _to_5(conn: Any) -> None:
+    """Schema 5: each run's write generation, so servers sharing the database see when
+    another wrote a run and rebuild its state (:meth:`server.pgdb.PostgresDatabase.bump`)."""
+    conn.execute("CREATE TABLE run_writers(id TEXT PRIMARY KEY, gen BIGINT NOT NULL)")
+
+
+MIGRATIONS: dict[int, Migration] = {5: _to_5}
 """Per version N > 4: the step from N - 1 to N, run inside the migration's transaction."""
 
 
@@ -116,11 +130,11 @@ def migrate(conn: Any, where: str) -> None:
         if version == 0:
             for s in statements(SCHEMA):
                 conn.execute(s)
-            conn.execute("INSERT INTO gradwatch_schema VALUES(%s)", (SCHEMA_VERSION,))
-            log.info("created the gradwatch tables in %s (schema %d)", where, SCHEMA_VERSION)
-        elif version < SCHEMA_VERSION:
-            log.info("migrating %s from schema %d to %d (once)...", where, version,
-                     SCHEMA_VERSION)
+            conn.execute("INSERT INTO gradwatch_schema VALUES(%s)", (FIRST_VERSION,))
+            log.info("created the gradwatch tables in %s", where)
+            version = FIRST_VERSION
+        if version < SCHEMA_VERSION:
+            log.info("migrating %s from schema %d to %d...", where, version, SCHEMA_VERSION)
             for v in range(version + 1, SCHEMA_VERSION + 1):
                 MIGRATIONS[v](conn)
             conn.execute("UPDATE gradwatch_schema SET version=%s", (SCHEMA_VERSION,))

@@ -25,6 +25,7 @@ from gradwatch.server.importing import LogBlocks, batch_of_lines
 from gradwatch.server.limits import IngestGate
 from gradwatch.server.livemodel import LiveModel
 from gradwatch.server.parsing import FrameParser
+from gradwatch.server.remote import RemoteFeed
 from gradwatch.server.settings import Settings
 from gradwatch.server.storage import Store
 from gradwatch.server.streams import StreamTracker
@@ -59,14 +60,19 @@ class Runs:
         self.gate = IngestGate(settings.max_ingest_connections, settings.max_msgs_per_sec)
         self.parser = FrameParser(settings.parse_processes)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.remote = RemoteFeed(self.store.server, self.store.database, self.reader,
+                                 self.hub)
 
     def start(self) -> None:
-        """Start the storage writer and the frame parser."""
+        """Start the storage writer, the frame parser and the feed of other servers'
+        changes (call on the event loop)."""
         self.store.start()
         self.parser.start()
+        self.remote.start()
 
     def close(self) -> None:
         """Finish queued writes and close the database."""
+        self.remote.close()
         self.parser.close()
         self.store.close()
         self.reader.close()

@@ -63,6 +63,9 @@ class RunState:
     """Per series: its highest stored step."""
     notes: str = ""
     tags: list[str] = field(default_factory=list)
+    gen: int = 0
+    """The run's write generation this state reflects (servers sharing a database:
+    :meth:`server.backend.Database.generation`)."""
 
     def summary(self) -> RunSummary:
         """The run as the run list shows it."""

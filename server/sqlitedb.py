@@ -12,6 +12,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from gradwatch.server import db
@@ -29,6 +30,7 @@ class SqliteDatabase:
     """
 
     kind = "sqlite"
+    shared = False
     Error: type[Exception] = sqlite3.Error
 
     def __init__(self, data_dir: Path, checkpoint_every: float = 0.5):
@@ -60,6 +62,22 @@ class SqliteDatabase:
     def open_reader(self) -> sqlite3.Connection:
         """A read-only connection (WAL lets it read beside the writer)."""
         return db.connect(self.data_dir, readonly=True)
+
+    def generation(self, conn: sqlite3.Connection, run_id: str) -> int | None:
+        """None: one server writes a data directory (its process holds the state)."""
+        return None
+
+    def lock_run(self, conn: sqlite3.Connection, run_id: str) -> None:
+        """Nothing to do: SQLite has one writer (the writer thread)."""
+
+    def bump(self, conn: sqlite3.Connection, run_id: str, generation: int) -> None:
+        """Nothing to do (see :meth:`generation`)."""
+
+    def announce(self, conn: sqlite3.Connection, note: str) -> None:
+        """Nothing to do: no other server reads this file."""
+
+    def listen(self, heard: Callable[[str], None], stop: threading.Event) -> None:
+        """Nothing to hear: returns at once."""
 
     def housekeeping(self, stop: threading.Event) -> None:
         """Passive WAL checkpoints every ``checkpoint_every`` seconds until ``stop``."""

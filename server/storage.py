@@ -18,6 +18,7 @@ import concurrent.futures as cf
 import contextlib
 import json
 import logging
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,7 @@ from gradwatch.server.errors import (
     StorageFailed,
 )
 from gradwatch.server.reader import Reader
+from gradwatch.server.remote import note_of
 from gradwatch.server.runstate import RunState, load_state, new_state
 from gradwatch.server.writerthread import WriterThread
 from gradwatch.server.writes import ResetSets, write_batch
@@ -71,6 +73,8 @@ class Store:
         self._conn = self.database.open_writer()
         self._writer = WriterThread(self.database.housekeeping, queue_size)
         self.reader = Reader(self.database)
+        self.server = uuid.uuid4().hex[:12]
+        """This server's id among those sharing the database."""
         # A run that was live when the server stopped lost its stream: interrupted until
         # its probe reconnects and resumes.
         n = self._conn.execute(
@@ -103,16 +107,54 @@ class Store:
 
     # -- writer-thread operations (call through submit/call) --------------------------
     def _state(self, run_id: str) -> RunState | None:
+        """The run's state: cached, or rebuilt from the database when there is none or
+        another server has written the run since (its write generation moved on)."""
+        gen = self.database.generation(self._conn, run_id)
         st = self._states.get(run_id)
+        if st is not None and gen is not None and st.gen != gen:
+            log.info("run %s was written by another server: state rebuilt", run_id)
+            st = None
         if st is None:
             st = load_state(self._conn, run_id, self.keep_param_norms)
             if st is None:
+                self._states.pop(run_id, None)
                 return None
+            st.gen = gen or 0
             self._states[run_id] = st
             while len(self._states) > 64:
                 self._states.popitem(last=False)
         self._states.move_to_end(run_id)
         return st
+
+    def _wrote(self, st: RunState, res: IngestResult | None = None,
+               deleted: bool = False) -> None:
+        """A write of the run is about to commit: the next generation is this state's,
+        and the other servers on the database hear of it (:mod:`server.remote`)."""
+        if self.database.shared:
+            st.gen += 1
+            self.database.bump(self._conn, st.id, st.gen)
+            self.database.announce(self._conn, note_of(self.server, st.id, res, deleted))
+
+    def _check(self, st: RunState | None, batch: Batch, key: str | None) -> bool:
+        """Refuse a batch the stream rules do not allow; False: nothing to store.
+
+        Raises:
+            InvalidStream, StreamOwned, RunLimitReached: as :meth:`ingest`.
+        """
+        owners.check(st, batch.rank, key)
+        entries = batch.entries
+        starts = bool(entries) and entries[0].kind == "header"
+        if (st is None or batch.rank not in st.max_seq) and not starts:
+            if not entries:
+                return False
+            raise InvalidStream(f"unknown stream {batch.run}/{batch.rank}: its first batch "
+                                f"must start with its header (seq 0)")
+        if st is None:
+            n = self._conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+            if n >= self.max_runs:
+                raise RunLimitReached(f"run limit reached ({self.max_runs} runs); delete "
+                                      f"runs to make room")
+        return True
 
     def ingest(self, batch: Batch, name: str | None = None,
                key: str | None = None) -> IngestResult:
@@ -144,27 +186,27 @@ class Store:
                     raise InvalidStream("a header must have seq 0 and the batch's run and "
                                         "rank")
         st = self._state(batch.run)
-        owners.check(st, batch.rank, key)
-        starts = bool(entries) and entries[0].kind == "header"
-        if (st is None or batch.rank not in st.max_seq) and not starts:
-            if not entries:
-                return IngestResult(batch.run, batch.rank, -1)
-            raise InvalidStream(f"unknown stream {batch.run}/{batch.rank}: its first batch "
-                                f"must start with its header (seq 0)")
-        if st is None:
-            n = self._conn.execute("SELECT count(*) FROM runs").fetchone()[0]
-            if n >= self.max_runs:
-                raise RunLimitReached(f"run limit reached ({self.max_runs} runs); delete "
-                                      f"runs to make room")
+        if not self._check(st, batch, key):
+            return IngestResult(batch.run, batch.rank, -1)
         res = IngestResult(batch.run, batch.rank, -1)
         try:
             self._conn.execute("BEGIN")
+            # Servers sharing the database take turns at a run; one that wrote it since
+            # the checks above moves the state on, so they are made again on the new one.
+            self.database.lock_run(self._conn, batch.run)
+            gen = self.database.generation(self._conn, batch.run)
+            if gen is not None and gen != (0 if st is None else st.gen):
+                st = self._state(batch.run)
+                if not self._check(st, batch, key):
+                    self._conn.execute("ROLLBACK")
+                    return IngestResult(batch.run, batch.rank, -1)
             if st is None:
                 assert header is not None  # a stream's first batch starts with it: above
                 st = self._create(header, name)
                 res.new_run = True
             owners.claim(st, batch.rank, key)
-            write_batch(self._conn, st, batch, res, self._resets)
+            if write_batch(self._conn, st, batch, res, self._resets):
+                self._wrote(st, res)
             self._conn.execute("COMMIT")
         except BaseException as e:
             self._rolled_back(batch.run)
@@ -199,6 +241,7 @@ class Store:
              json.dumps(header.tags)))
         assert cur.lastrowid is not None
         st = new_state(cur.lastrowid, header, name, self.keep_param_norms)
+        st.gen = self.database.generation(self._conn, header.run) or 0  # a re-created id
         self._states[header.run] = st
         return st
 
@@ -223,6 +266,7 @@ class Store:
             return None
         try:
             self._conn.execute("UPDATE runs SET status='interrupted' WHERE rid=?", (st.rid,))
+            self._wrote(st)
         except self._error as e:  # a full disk: the run stays live until a write succeeds
             log.error("marking run %s interrupted failed: %s", run_id, e)
             return None
@@ -247,6 +291,7 @@ class Store:
         try:
             self._conn.execute("BEGIN")
             db.delete_run(self._conn, st.rid)
+            self._wrote(st, deleted=True)
             self._conn.execute("COMMIT")
         except self._error as e:
             self._rolled_back(run_id)
@@ -281,6 +326,7 @@ class Store:
             raise NameTaken(f"another run is already named '{name}'; pick another name")
         try:
             self._conn.execute("UPDATE runs SET name=? WHERE rid=?", (name, st.rid))
+            self._wrote(st)
         except self._error as e:
             raise StorageFailed(f"the server could not rename run {run_id} ({e})") from e
         st.name = name
@@ -302,6 +348,7 @@ class Store:
         try:
             self._conn.execute("UPDATE runs SET notes=?, tags=? WHERE rid=?",
                                (notes, json.dumps(tags), st.rid))
+            self._wrote(st)
         except self._error as e:
             raise StorageFailed(f"the server could not save the notes of run {run_id} "
                                 f"({e})") from e
@@ -334,3 +381,4 @@ class Store:
         if st is not None and st.status == "live":
             st.status = st.final_status() or "interrupted"
             self._conn.execute("UPDATE runs SET status=? WHERE rid=?", (st.status, st.rid))
+            self._wrote(st)

@@ -89,8 +89,9 @@ def _new_steps(conn: Conn, st: RunState, rank: int,
 
 
 def write_batch(conn: Conn, st: RunState, batch: Batch, res: IngestResult,
-                resets: ResetSets) -> None:
-    """Store what of ``batch`` is new to the database; fill ``res`` with the changes."""
+                resets: ResetSets) -> bool:
+    """Store what of ``batch`` is new to the database; fill ``res`` with the changes.
+    Returns whether anything was written (False: a resend of what is stored)."""
     rid, rank = st.rid, batch.rank
     max_seq = st.max_seq.get(rank, -1)
     new: list[Entry] = []
@@ -109,7 +110,7 @@ def write_batch(conn: Conn, st: RunState, batch: Batch, res: IngestResult,
     fresh = _new_steps(conn, st, rank, steps)
     top = max([max_seq] + [e.seq for e in batch.entries])
     if not new and not fresh and top == max_seq:
-        return
+        return False
     step_rows: list[tuple[Any, ...]] = []
     param_rows: list[tuple[Any, ...]] = []
     touched: dict[int, list[Row]] = {}
@@ -185,3 +186,4 @@ def write_batch(conn: Conn, st: RunState, batch: Batch, res: IngestResult,
                  "acked=excluded.acked, key_hash=excluded.key_hash",
                  (rid, rank, top, st.ended.get(rank), st.dropped.get(rank, 0), st.acked[rank],
                   st.keys.get(rank)))
+    return True

@@ -1,10 +1,9 @@
 """Fixtures for server tests: an app on a temporary data directory; storage over both
-backends (SQLite in a temporary directory, a database of its own on a throwaway
-PostgreSQL cluster, one cluster per test process)."""
+backends (SQLite in a temporary directory, a database of its own on the throwaway
+PostgreSQL cluster of ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,6 @@ from apps import app_settings  # noqa: E402
 
 from gradwatch.server import Settings, create_app  # noqa: E402
 from gradwatch.server.storage import Store  # noqa: E402
-from tests.pgcluster import Cluster, pg_bin  # noqa: E402
 
 
 @pytest.fixture
@@ -30,18 +28,6 @@ def settings(tmp_path: Path) -> Settings:
 def client(settings: Settings) -> Iterator[TestClient]:
     with TestClient(create_app(settings)) as c:
         yield c
-
-
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[Cluster]:
-    """A PostgreSQL cluster for this test process, stopped at the end of the session."""
-    if pg_bin() is None:
-        if os.environ.get("CI"):  # scripts/test.sh installs it: CI never skips these
-            pytest.fail("PostgreSQL is not installed (scripts/test.sh installs it)")
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
-    c = Cluster()
-    yield c
-    c.stop()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
