@@ -34,7 +34,7 @@ class CloseCode(IntEnum):
     INVALID = 1007
     """A frame that is not valid (its reason names the field)."""
     POLICY = 1008
-    """Refused by policy (the run limit)."""
+    """Refused by policy (the run limit; a foreign Host or Origin before accept)."""
     TOO_BIG = 1009
     """A frame over the server's size limit: send smaller ones."""
     TRY_LATER = 1013

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
+from gradwatch.frames import CloseCode
 from gradwatch.server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -245,7 +246,8 @@ async def _refuse(scope: Scope, send: Send, status: int, detail: str) -> None:
                     "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body})
     else:
-        await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
+        await send({"type": "websocket.close", "code": CloseCode.POLICY,
+                    "reason": detail[:120]})
 
 
 async def _redirect_with_cookie(send: Send, path: str, query: Mapping[str, str],
