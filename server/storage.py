@@ -109,16 +109,22 @@ class Store:
     def _state(self, run_id: str) -> RunState | None:
         """The run's state: cached, or rebuilt from the database when there is none or
         another server has written the run since (its write generation moved on)."""
-        gen = self.database.generation(self._conn, run_id)
-        st = self._states.get(run_id)
-        if st is not None and gen is not None and st.gen != gen:
-            log.info("run %s was written by another server: state rebuilt", run_id)
-            st = None
-        if st is None:
-            st = load_state(self._conn, run_id, self.keep_param_norms)
+        try:
+            gen = self.database.generation(self._conn, run_id)
+            st = self._states.get(run_id)
+            if st is not None and gen is not None and st.gen != gen:
+                log.info("run %s was written by another server: state rebuilt", run_id)
+                st = None
             if st is None:
-                self._states.pop(run_id, None)
-                return None
+                st = load_state(self._conn, run_id, self.keep_param_norms)
+        except self._error as e:  # the database is gone (restarting): refused, resent later
+            self._rolled_back(run_id)
+            raise StorageFailed(f"the server could not read its database ({e}); nothing "
+                                f"was stored: resend once it is back") from e
+        if st is None:
+            self._states.pop(run_id, None)
+            return None
+        if run_id not in self._states or self._states[run_id] is not st:
             st.gen = gen or 0
             self._states[run_id] = st
             while len(self._states) > 64:

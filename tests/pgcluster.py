@@ -79,6 +79,11 @@ class Cluster:
         if r.returncode != 0:
             raise RuntimeError(f"{tool} failed: {r.stderr.strip() or r.stdout.strip()}")
 
+    def restart(self) -> None:
+        """Restart the server (its clients' connections break)."""
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "log"), "-m", "fast",
+                  "-w", "-t", "60", "restart")
+
     def url(self, database: str = "postgres") -> str:
         """A URL of one of the cluster's databases."""
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"

@@ -1,5 +1,6 @@
 """The server imports and serves the API and the dashboard without torch, and without
-the ``plotly`` Python package: plotly.js is vendored in web/vendor/."""
+the ``plotly`` Python package: plotly.js is vendored in web/vendor/; on SQLite, without
+psycopg (the ``[postgres]`` extra) too."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ CODE = """
 import hashlib, json, sys
 sys.modules["torch"] = None  # any 'import torch' now raises ImportError
 sys.modules["plotly"] = None
+sys.modules["psycopg"] = None  # SQLite needs no PostgreSQL driver
 import gradwatch.server.app, gradwatch.server.cli, gradwatch.replay, gradwatch.frames
 assert gradwatch.replay.Streamer  # replay needs only the streamer
 from fastapi.testclient import TestClient

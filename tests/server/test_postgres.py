@@ -17,13 +17,13 @@ from fastapi.testclient import TestClient
 from gradwatch.frames import Hello
 from gradwatch.server import create_app
 from gradwatch.server.batch import batch_of_records
-from gradwatch.server.errors import NewerDatabase, StreamOwned
+from gradwatch.server.errors import NewerDatabase, StorageFailed, StreamOwned
 from gradwatch.server.migrate import statements
 from gradwatch.server.pgschema import SCHEMA, SCHEMA_VERSION
 from gradwatch.server.storage import Store
 from gradwatch.steplog import read_log
 from gradwatch.verdict import verdict_of
-from tests.pgcluster import free_port
+from tests.pgcluster import Cluster, free_port
 
 
 def ingest(client: TestClient, recs: list[Any], run: str = "run1") -> list[Any]:
@@ -202,3 +202,30 @@ def test_a_dashboard_on_one_server_sees_a_run_written_through_another(
                 elif f["type"] == "findings":
                     assert f["findings"][0]["first_step"] == 50
         assert b.get("/api/runs/run1").json()["steps"] == 80
+
+
+def test_a_database_restart_refuses_a_batch_then_storing_goes_on() -> None:
+    """The database restarts under a running server: the batch that meets it is refused
+    whole (the probe resends it), the next ones are stored on a new connection."""
+    cluster = Cluster()  # its own: restarted below
+    try:
+        url = cluster.new_database()
+        s = Store(url)
+        s.start()
+        recs = synth.records(steps=60, end=True)
+        s.call(s.ingest, batch_of_records("run1", 0, recs[:30]))
+        cluster.restart()
+        refused = 0
+        for part in (recs[30:45], recs[30:45], recs[45:]):  # a refused batch is resent
+            try:
+                s.call(s.ingest, batch_of_records("run1", 0, part))
+            except StorageFailed:
+                refused += 1
+        assert refused <= 1
+        assert s.call(s.resume_seq, "run1", 0) == len(recs) - 1
+        got = s.reader.steps("run1", max_points=1000)
+        assert got is not None and [r.step for r in got.rows] == list(range(60))
+        assert s.reader.summary("run1").status == "finished"  # type: ignore[union-attr]
+        s.close()
+    finally:
+        cluster.stop()
