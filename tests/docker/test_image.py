@@ -137,7 +137,7 @@ def _engine_script(*args: str, timeout: float) -> dict[str, str]:
     return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def docker() -> Iterator[Docker]:
     # Installing docker.io on a fresh machine takes a minute or two.
     # A lease: another test session on this machine may share the engine; the last one

@@ -20,7 +20,8 @@ from tests.serverproc import ServerProc
 torch = pytest.importorskip("torch")
 import gradwatch  # noqa: E402
 
-# One worker builds the logs once for every client (a module fixture runs once per worker).
+# One worker builds the logs once for every client (session scope: a module fixture is made
+# again when the worker's order interleaves other modules between these tests).
 pytestmark = pytest.mark.xdist_group("import-clients")
 
 SIZES = {"100KiB": 100 << 10, "196KiB": 196 << 10, "1MiB": 1 << 20, "5MiB": 5 << 20}
@@ -45,7 +46,7 @@ def _steps(text: bytes) -> int:
     return sum(json.loads(line)["type"] == "step" for line in text.splitlines())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, int]]:
     """Real step logs of at least each size, with their step counts: one run the probe
     wrote, and its first lines, as a run that crashed earlier leaves."""

@@ -113,7 +113,7 @@ def _disk_bytes(root: Path) -> int:
     return total
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def readme_lines() -> tuple[list[str], list[str]]:
     """``(from the checkout, from a wheel)``: the README's two Install blocks."""
     blocks = install_blocks()
@@ -121,7 +121,7 @@ def readme_lines() -> tuple[list[str], list[str]]:
     return blocks[0], blocks[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh copy of this checkout's files (what a clone has), so builds write nothing
     into the working tree."""
@@ -136,7 +136,7 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def dist(checkout: Path, readme_lines: tuple[list[str], list[str]]) -> Dist:
     out = run_line(readme_lines[1][0], cwd=checkout)  # no venv active: make makes its own
     built = checkout / "dist"
@@ -146,7 +146,7 @@ def dist(checkout: Path, readme_lines: tuple[list[str], list[str]]) -> Dist:
                 sdist=next(built.glob("gradwatch-*.tar.gz")), log=log)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bare(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     return _venv(tmp_path_factory.mktemp("venv") / "bare")
 
@@ -158,19 +158,19 @@ def _installed(factory: pytest.TempPathFactory, name: str, line: str, checkout: 
     return venv
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base(tmp_path_factory: pytest.TempPathFactory, checkout: Path,
          readme_lines: tuple[list[str], list[str]]) -> Venv:
     return _installed(tmp_path_factory, "base", readme_lines[0][0], checkout)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory, checkout: Path,
            readme_lines: tuple[list[str], list[str]]) -> Venv:
     return _installed(tmp_path_factory, "server", readme_lines[0][1], checkout)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def wheel_server(tmp_path_factory: pytest.TempPathFactory, checkout: Path, dist: Dist,
                  readme_lines: tuple[list[str], list[str]]) -> Venv:
     return _installed(tmp_path_factory, "wheel", readme_lines[1][1], checkout)

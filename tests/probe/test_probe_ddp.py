@@ -74,11 +74,12 @@ def _worker(rank: int, world: int, out: str) -> None:
     os._exit(0)
 
 
-# The module's tests read one two-rank run: one worker makes it (xdist: loadgroup).
+# The module's tests read one two-rank run: one worker makes it once (xdist: loadgroup;
+# session scope, as a module fixture is made again when the worker interleaves modules).
 pytestmark = pytest.mark.xdist_group("ddp")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ddp_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ddp")
     mp.spawn(_worker, args=(2, str(out)), nprocs=2)

@@ -25,6 +25,9 @@ from tests.probe.test_torchrun import _env
 
 SCRIPT = Path(sharded_loops.__file__)
 RANKS = (0, 1)
+# The two launches take about a minute: one worker makes them, once, for every test here
+# (session scope: a module fixture is made again when the worker's order interleaves).
+pytestmark = pytest.mark.xdist_group("sharded")
 
 
 def _launch(out: Path, probe: bool) -> subprocess.CompletedProcess[str]:
@@ -36,7 +39,7 @@ def _launch(out: Path, probe: bool) -> subprocess.CompletedProcess[str]:
                           timeout=600)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("sharded")
     out = {}
