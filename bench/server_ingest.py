@@ -14,9 +14,14 @@ prints figures (not pass/fail):
 - ``GET /api/runs/{id}/steps?max_points=4000`` on a 1,000,000-step run (``--no-million``
   skips building it).
 
+With ``--db postgresql`` (a throwaway cluster, ``tests/pgcluster.py``) or ``--db URL`` (an
+empty database), the many-runs figures are measured twice and printed side by side: once
+on one SQLite server, once on two ``gradwatch serve --db URL`` processes sharing the
+PostgreSQL database, the 32 streams and the 50 live clients split between them.
+
 Targets on a 2-core machine: >= 20,000 step records/s; p99 < 50 ms with 50 clients.
 Usage: ``python bench/server_ingest.py [--steps N] [--seconds S] [--no-many]
-[--no-million]``.
+[--only-many] [--no-million] [--db postgresql|URL]``.
 """
 
 from __future__ import annotations
@@ -114,23 +119,29 @@ def stream_frames(run: str, rank: int, world: int, n: int, size: int = 500) -> l
             for i in range(0, len(recs), size)]
 
 
-def many(srv: ServerProc, runs: int, ranks: int, steps_each: int, seconds: float
+def many(srvs: list[ServerProc], runs: int, ranks: int, steps_each: int, seconds: float
          ) -> tuple[float, list[float], list[float]]:
     """``runs`` x ``ranks`` streams at once; records/s stored, ack latencies, and the live
-    latencies of 50 clients of another run streaming meanwhile."""
+    latencies of 50 clients of another run streaming meanwhile.
+
+    With several servers (one shared database) stream ``i`` goes to server ``i % n``, and
+    the live clients are dealt out alike (the live run streams into the first).
+    """
     work = {(r, k): stream_frames(f"many{r}", k, ranks, steps_each)
             for r in range(runs) for k in range(ranks)}
     acks: list[list[float]] = [[] for _ in work]
-    threads = [threading.Thread(target=send_all, args=(srv.ws + "/ws/ingest", w, 4, a))
-               for w, a in zip(work.values(), acks, strict=True)]
+    threads = [threading.Thread(target=send_all,
+                                args=(srvs[i % len(srvs)].ws + "/ws/ingest", w, 4, a))
+               for i, (w, a) in enumerate(zip(work.values(), acks, strict=True))]
     # The live clients and their run's sender are a process of their own, as browsers are:
     # in this one, 32 sending threads would hold their GIL and time themselves.
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-        watcher = pool.submit(live_latencies, srv.ws, 50, seconds, "many-live")
+        watcher = pool.submit(live_latencies, srvs[0].ws, 50, seconds, "many-live",
+                              [s.ws for s in srvs])
         time.sleep(3.0)  # the process is up, its clients connected and the run streaming
         dt = _run_all(threads)
         live = watcher.result()
-    stored = sum(srv.get(f"/api/runs/many{r}")["steps"] for r in range(runs))
+    stored = sum(srvs[-1].get(f"/api/runs/many{r}")["steps"] for r in range(runs))
     assert stored == runs * ranks * steps_each, (stored, runs * ranks * steps_each)
     return stored / dt, [x for a in acks for x in a], live
 
@@ -156,14 +167,18 @@ def throughput(srv: ServerProc, conns: int, steps_each: int, tag: str) -> float:
     return stored / dt
 
 
-def live_latencies(ws_base: str, clients: int, seconds: float, run: str) -> list[float]:
+def live_latencies(ws_base: str, clients: int, seconds: float, run: str,
+                   live_bases: list[str] | None = None) -> list[float]:
     """:func:`latency` in a process of its own (a module-level function, for a pool)."""
-    return asyncio.run(latency(ws_base, clients, seconds, run))
+    return asyncio.run(latency(ws_base, clients, seconds, run, live_bases))
 
 
-async def latency(ws_base: str, clients: int, seconds: float, run: str) -> list[float]:
+async def latency(ws_base: str, clients: int, seconds: float, run: str,
+                  live_bases: list[str] | None = None) -> list[float]:
     """Seconds from sending a step to each live client receiving it (``ws_base``: the
-    server's ``ws://host:port``)."""
+    server's ``ws://host:port`` the run streams into; ``live_bases``: the servers the
+    clients are dealt out over, default that one)."""
+    bases = live_bases or [ws_base]
     rate, per_batch = 1000, 10
     n = int(rate * seconds)
     recs = records(run, n)
@@ -180,8 +195,8 @@ async def latency(ws_base: str, clients: int, seconds: float, run: str) -> list[
                 if m["type"] == "steps":
                     lat.extend(now - sent_at[s] for s in m["steps"]["step"])
 
-        lives = [await aconnect(ws_base + f"/ws/live?run={run}", compression=None,
-                                max_size=None) for _ in range(clients)]
+        lives = [await aconnect(bases[c % len(bases)] + f"/ws/live?run={run}",
+                                compression=None, max_size=None) for c in range(clients)]
         for ws in lives:
             await ws.recv()  # snapshot
         tasks = [asyncio.create_task(watch(ws)) for ws in lives]
@@ -243,6 +258,40 @@ def million(data: Path) -> tuple[float, float, float]:
     return build, query, time.perf_counter() - t
 
 
+SERVE_OPTS = ("--max-msgs-per-sec", "100000", "--max-live-clients", "500")
+
+
+def many_line(where: str, steps: int, figures: tuple[float, list[float], list[float]]
+              ) -> str:
+    """The many-runs figures as one line."""
+    rate, acks, live = figures
+    return (f"8 runs x 4 ranks at once, {where}: {rate:10,.0f} step records/s stored "
+            f"({steps // 32 * 32:,} records), ack p50 {pct(acks, .5) * 1e3:.0f} ms "
+            f"p99 {pct(acks, .99) * 1e3:.0f} ms; meanwhile 50 live clients: p50 "
+            f"{pct(live, .5) * 1e3:.1f} ms p99 {pct(live, .99) * 1e3:.1f} ms")
+
+
+def many_on_postgres(db: str, tmp: Path, steps: int, seconds: float
+                     ) -> tuple[float, list[float], list[float]]:
+    """:func:`many` on two servers sharing one PostgreSQL database: ``db`` is an empty
+    database's URL, or ``postgresql`` for a throwaway cluster started here."""
+    cluster = None
+    if db == "postgresql":
+        from tests.pgcluster import Cluster
+        cluster = Cluster()
+        db = cluster.new_database()
+    try:
+        srvs = [ServerProc(tmp / f"pg{i}" / "data", None, "--db", db, *SERVE_OPTS)
+                for i in range(2)]
+        for srv in srvs:
+            srv.data.parent.mkdir()
+        with srvs[0], srvs[1]:
+            return many(srvs, 8, 4, steps // 32, seconds)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its figures."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -251,20 +300,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-million", action="store_true", help="skip the 1M-step query")
     p.add_argument("--no-many", action="store_true", help="skip 8 runs x 4 ranks")
     p.add_argument("--only-many", action="store_true", help="only 8 runs x 4 ranks")
+    p.add_argument("--db", default=None, metavar="postgresql|URL",
+                   help="also run 8 runs x 4 ranks on two servers sharing a PostgreSQL "
+                        "database: a throwaway cluster ('postgresql') or an empty one (URL)")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gradwatch-bench-") as d:
-        srv = ServerProc(Path(d) / "data", None, "--max-msgs-per-sec", "100000",
-                         "--max-live-clients", "500")
+        srv = ServerProc(Path(d) / "data", None, *SERVE_OPTS)
         with srv:
             if not a.no_many:
-                rate, acks, live = many(srv, 8, 4, a.steps // 32, a.seconds * 2)
-                print(f"8 runs x 4 ranks at once: {rate:10,.0f} step records/s stored "
-                      f"({a.steps // 32 * 32:,} records), ack p50 {pct(acks, .5) * 1e3:.0f} ms "
-                      f"p99 {pct(acks, .99) * 1e3:.0f} ms; meanwhile 50 live clients: p50 "
-                      f"{pct(live, .5) * 1e3:.1f} ms p99 {pct(live, .99) * 1e3:.1f} ms",
-                      flush=True)
-            if a.only_many:
-                return 0
+                figures = many([srv], 8, 4, a.steps // 32, a.seconds * 2)
+                print(many_line("SQLite, 1 server", a.steps, figures), flush=True)
+        # One at a time: the SQLite server is stopped before the PostgreSQL ones start.
+        if a.db is not None and not a.no_many:
+            figures = many_on_postgres(a.db, Path(d), a.steps, a.seconds * 2)
+            print(many_line("PostgreSQL, 2 servers", a.steps, figures), flush=True)
+        if a.only_many:
+            return 0
+        with srv:
             one = throughput(srv, 1, a.steps, "one")
             print(f"ingest, 1 connection:   {one:10,.0f} step records/s stored "
                   f"({a.steps:,} records)", flush=True)

@@ -174,17 +174,22 @@ class UnknownDatabase(ValueError):
 
 
 _PASSWORD = re.compile(r"(://[^:/@]*:)([^@/]*)(@)")
+# libpq also takes it as a query parameter: postgresql://u@h/db?password=...
+_QUERY_PASSWORD = re.compile(r"(?i)([?&]password=)([^&#\s]*)")
 
 
 def masked(url: str) -> str:
     """``url`` with its password replaced by ``***`` (for logs and errors)."""
-    return _PASSWORD.sub(r"\1***\3", url)
+    return _QUERY_PASSWORD.sub(r"\1***", _PASSWORD.sub(r"\1***\3", url))
 
 
 def password_of(url: str) -> str | None:
     """The password in ``url``, or None (so that errors can be scrubbed of it)."""
-    m = _PASSWORD.search(url)
-    return m.group(2) if m and m.group(2) else None
+    for pattern, group in ((_PASSWORD, 2), (_QUERY_PASSWORD, 2)):
+        m = pattern.search(url)
+        if m and m.group(group):
+            return m.group(group)
+    return None
 
 
 def is_postgres(where: object) -> bool:

@@ -149,6 +149,11 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
                     "this machine can read, write and delete runs (DNS rebinding)")
     data = a.data or default_data_dir()
     url = a.db or os.environ.get("GRADWATCH_DB") or None
+    if a.db:
+        from gradwatch.server.backend import password_of
+        if password_of(a.db):  # masked in every line we write, but ps shows argv as given
+            log.warning("the password in --db is visible in ps: put the URL in GRADWATCH_DB "
+                        "or the password in ~/.pgpass")
     if url is not None and url.startswith("sqlite://"):
         data, url = Path(url.split("://", 1)[1]), None
     if url is not None:

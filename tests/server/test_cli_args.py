@@ -153,3 +153,28 @@ def test_db_chooses_the_database_and_names_what_is_missing(
         settings_from_args([*data, "--db", url])
     err = capsys.readouterr().err
     assert "gradwatch[postgres]" in err and "pw-secret" not in err
+
+
+def test_a_password_in_db_is_masked_and_warned_about_but_not_from_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from gradwatch.server.backend import masked, password_of
+
+    monkeypatch.delenv("GRADWATCH_DB", raising=False)
+    data = ["--data", str(tmp_path)]
+    caplog.set_level(logging.WARNING, logger="gradwatch.server")
+    s, _ = settings_from_args([*data, "--db", "postgresql://alice:pw-s3cret@db.lan/gw"])
+    assert "visible in ps" in caplog.text and "GRADWATCH_DB" in caplog.text
+    assert "pw-s3cret" not in caplog.text and "pw-s3cret" not in repr(s)
+    caplog.clear()
+    settings_from_args([*data, "--db", "postgresql://alice@db.lan/gw"])  # ~/.pgpass
+    monkeypatch.setenv("GRADWATCH_DB", "postgresql://alice:pw-s3cret@db.lan/gw")
+    settings_from_args(data)  # the environment is not in ps
+    assert "visible in ps" not in caplog.text
+    # libpq's query-parameter form is a password too
+    url = "postgresql://alice@db.lan/gw?sslmode=require&password=pw-s3cret"
+    assert password_of(url) == "pw-s3cret"
+    assert masked(url) == "postgresql://alice@db.lan/gw?sslmode=require&password=***"
+    monkeypatch.delenv("GRADWATCH_DB")
+    settings_from_args([*data, "--db", url])
+    assert "visible in ps" in caplog.text

@@ -24,6 +24,7 @@ from gradwatch.server.storage import Store
 from gradwatch.steplog import read_log
 from gradwatch.verdict import verdict_of
 from tests.pgcluster import Cluster, free_port
+from tests.serverproc import ServerProc
 
 
 def ingest(client: TestClient, recs: list[Any], run: str = "run1") -> list[Any]:
@@ -108,6 +109,21 @@ def test_an_unreachable_database_is_named_without_its_password() -> None:
     with pytest.raises(psycopg.Error) as e:
         Store(url)
     assert "alice:***@127.0.0.1" in str(e.value) and "pw-s3cret" not in str(e.value)
+
+
+def test_a_server_started_with_a_password_in_db_never_shows_it(
+        pg_cluster: Any, tmp_path: Path) -> None:
+    """The start line, the log and the API name the database without its password (the
+    throwaway cluster trusts loopback, so any password connects); the user is told that
+    ps shows it."""
+    url = pg_cluster.new_database().replace("postgres@", "postgres:pw-s3cret@")
+    srv = ServerProc(tmp_path / "data", None, "--db", url, "--log-level", "info")
+    with srv:
+        runs = srv.get("/api/runs")
+        health = srv.get("/healthz")
+    out = srv.log.read_text()
+    assert "postgres:***@127.0.0.1" in out and "visible in ps" in out
+    assert "pw-s3cret" not in out + repr(runs) + repr(health)
 
 
 def test_two_servers_on_one_database_take_turns_at_a_stream(pg_cluster: Any) -> None:
