@@ -34,6 +34,9 @@ from gradwatch.frames import Ack, CloseCode, Hello, Resume
 from gradwatch.spool import SpoolReader
 
 log = logging.getLogger(__name__)
+# The backoff's jitter has its own generator: this thread runs in the training process, and
+# a draw from the global one would change the user's `random` sequence (data order, ...).
+_JITTER = random.Random()
 
 WINDOW = 4
 """Batches in flight before waiting for an ack."""
@@ -234,7 +237,7 @@ class Streamer:
                 self._ws = None
                 self._stats.connected = False
             delay = min(self.max_backoff, 0.1 * 2 ** min(failures, 10))
-            delay *= 0.75 + random.random() / 2
+            delay *= 0.75 + _JITTER.random() / 2
             if self._stopping:
                 delay = min(delay, max(0.0, self._deadline - time.monotonic()))
             self._wake.wait(delay)
