@@ -4,17 +4,11 @@ from the global ``random`` generator, whose sequence is the user's (data order, 
 from __future__ import annotations
 
 import random
-import socket
 import time
 from pathlib import Path
 
 from gradwatch.stream import Streamer
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.serverproc import free_port
 
 
 class CountingStreamer(Streamer):
@@ -31,7 +25,7 @@ def test_retrying_an_unreachable_server_leaves_the_global_random_state_alone(
         tmp_path: Path) -> None:
     random.seed(1234)
     before = random.getstate()
-    s = CountingStreamer(f"ws://127.0.0.1:{_closed_port()}", tmp_path / "spool.jsonl", "rng",
+    s = CountingStreamer(f"ws://127.0.0.1:{free_port()}", tmp_path / "spool.jsonl", "rng",
                          max_backoff=0.05)
     s.start()
     try:
