@@ -221,6 +221,10 @@ class Hub:
         return any(c.run == run and (norms is None or c.norms == norms)
                    for c in self._clients)
 
+    def watching(self, run: str) -> bool:
+        """Whether a client watches ``run`` or lists runs (a run's summary reaches both)."""
+        return any(c.run == run or c.run is None for c in self._clients)
+
     def watched(self, run: str, norms: Norms) -> bool:
         """Whether a client watches ``run`` with step rows of these norms."""
         return self._watched(run, norms)

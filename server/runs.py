@@ -60,8 +60,7 @@ class Runs:
         self.gate = IngestGate(settings.max_ingest_connections, settings.max_msgs_per_sec)
         self.parser = FrameParser(settings.parse_processes)
         self._tasks: set[asyncio.Task[None]] = set()
-        self.remote = RemoteFeed(self.store.server, self.store.database, self.reader,
-                                 self.hub)
+        self.remote = RemoteFeed(self.store.server, self.store.database, self.reader, self)
 
     def start(self) -> None:
         """Start the storage writer, the frame parser and the feed of other servers'
@@ -101,9 +100,17 @@ class Runs:
         """Delete a run; tell live clients. ``False`` if there is none."""
         ok = await self.write(self.store.delete, run)
         if ok:
-            self.model.forget(run)
-            self.hub.publish_deleted(run)
+            self.deleted(run)
         return ok
+
+    def deleted(self, run: str) -> None:
+        """A run was deleted (here or by another server): tell live clients."""
+        self.model.forget(run)
+        self.hub.publish_deleted(run)
+
+    def watching(self, run: str) -> bool:
+        """Whether a live client watches ``run`` or lists runs."""
+        return self.hub.watching(run)
 
     async def rename(self, run: str, name: str) -> RunSummary | None:
         """Give a run a new display name; tell live clients. ``None`` if there is none.
