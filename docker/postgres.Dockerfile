@@ -6,8 +6,15 @@
 #   GRADWATCH_POSTGRES_IMAGE=$(scripts/docker-postgres.sh)
 ARG BASE=debian:bookworm-slim
 FROM ${BASE}
-# No cluster from the package's own scripts: the entrypoint makes one in PGDATA, the volume.
-RUN mkdir -p /etc/postgresql-common \
+# The postgres user made first with the official image's fixed ids (999), so a volume moves
+# between the two images. No cluster from the package's own scripts: the entrypoint makes
+# one in PGDATA, the volume. Unpinned: Debian's mirror keeps only the current security
+# release of postgresql-15, so a pinned version would stop building.
+# hadolint ignore=DL3008
+RUN groupadd --system --gid 999 postgres \
+    && useradd --system --gid postgres --uid 999 --home-dir /var/lib/postgresql \
+        --shell /bin/sh postgres \
+    && mkdir -p /etc/postgresql-common \
     && echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf \
     && apt-get update -qq \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
@@ -19,9 +26,9 @@ RUN mkdir -p /etc/postgresql-common \
 COPY postgres-entrypoint.sh /usr/local/bin/postgres-entrypoint
 ENV PATH=/usr/lib/postgresql/15/bin:$PATH \
     PGDATA=/var/lib/postgresql/data
-# The package's postgres user owns the data directory (made above, so a fresh named volume
-# starts out owned by it); the server never runs as root.
-USER postgres
+# The postgres user owns the data directory (made above, so a fresh named volume starts out
+# owned by it); the server never runs as root.
+USER 999:999
 VOLUME ["/var/lib/postgresql/data"]
 EXPOSE 5432
 STOPSIGNAL SIGINT

