@@ -75,12 +75,33 @@ class Store:
         self.reader = Reader(self.database)
         self.server = uuid.uuid4().hex[:12]
         """This server's id among those sharing the database."""
-        # A run that was live when the server stopped lost its stream: interrupted until
-        # its probe reconnects and resumes.
-        n = self._conn.execute(
-            "UPDATE runs SET status='interrupted' WHERE status='live'").rowcount
-        if n:
-            log.info("marked %d run(s) that were live at shutdown as interrupted", n)
+        self._interrupt_unheld()
+
+    def _interrupt_unheld(self) -> None:
+        """A run that was live when the server stopped lost its stream: interrupted until
+        its probe reconnects and resumes. On a shared database, only the runs no other
+        server holds: the others are being written (:mod:`server.pgholds`)."""
+        self._conn.execute("BEGIN")
+        try:
+            live = [r[0] for r in self._conn.execute(
+                "SELECT id FROM runs WHERE status='live' ORDER BY id").fetchall()]
+            lost = self.database.unheld(self._conn, live)
+            self._conn.executemany("UPDATE runs SET status='interrupted' WHERE id=?",
+                                   [(run,) for run in lost])
+            if self.database.shared:  # other servers' cached states and dashboards
+                for run in lost:
+                    gen = self.database.generation(self._conn, run) or 0
+                    self.database.bump(self._conn, run, gen + 1)
+                    self.database.announce(self._conn, note_of(self.server, run))
+            self._conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(self._error):
+                self._conn.execute("ROLLBACK")
+            raise
+        if lost:
+            log.info("marked %d run(s) that were live at shutdown as interrupted%s",
+                     len(lost), f" ({len(live) - len(lost)} held by other servers)"
+                     if len(lost) < len(live) else "")
 
     # -- thread plumbing -------------------------------------------------------------
     def start(self) -> None:
@@ -197,6 +218,8 @@ class Store:
         res = IngestResult(batch.run, batch.rank, -1)
         try:
             self._conn.execute("BEGIN")
+            # This server takes the run's stream: no other marks it interrupted meanwhile.
+            self.database.hold(self._conn, batch.run)
             # Servers sharing the database take turns at a run; one that wrote it since
             # the checks above moves the state on, so they are made again on the new one.
             self.database.lock_run(self._conn, batch.run)
@@ -222,6 +245,9 @@ class Store:
                                     f"nothing of it was stored: resend it once the "
                                     f"server's disk has room") from e
             raise
+        if st.status != "live":  # ended: nothing more to take (a lost connection lost it)
+            with contextlib.suppress(self._error):
+                self.database.release(self._conn, batch.run)
         res.ack = st.acked.get(batch.rank, -1)
         res.summary = st.summary()
         return res
@@ -266,14 +292,22 @@ class Store:
         return owners.holds(self._state(run_id), rank, key)
 
     def mark_interrupted(self, run_id: str) -> RunSummary | None:
-        """A live run whose stream dropped without End: mark it interrupted."""
-        st = self._state(run_id)
-        if st is None or st.status != "live":
-            return None
+        """The run's stream to this server dropped (without End, or after it): let go of
+        the run, and mark it interrupted if it is live and no other server holds it (a
+        probe that moved to another server goes on there). The new summary, or None."""
         try:
+            self._conn.execute("BEGIN")
+            self.database.release(self._conn, run_id)
+            st = self._state(run_id)
+            if st is None or st.status != "live" or not self.database.unheld(
+                    self._conn, [run_id]):
+                self._conn.execute("ROLLBACK")
+                return None
             self._conn.execute("UPDATE runs SET status='interrupted' WHERE rid=?", (st.rid,))
             self._wrote(st)
+            self._conn.execute("COMMIT")
         except self._error as e:  # a full disk: the run stays live until a write succeeds
+            self._rolled_back(run_id)
             log.error("marking run %s interrupted failed: %s", run_id, e)
             return None
         st.status = "interrupted"
@@ -296,6 +330,7 @@ class Store:
                           f"reads as interrupted, its stream gone)")
         try:
             self._conn.execute("BEGIN")
+            self.database.release(self._conn, run_id)
             db.delete_run(self._conn, st.rid)
             self._wrote(st, deleted=True)
             self._conn.execute("COMMIT")
@@ -388,3 +423,4 @@ class Store:
             st.status = st.final_status() or "interrupted"
             self._conn.execute("UPDATE runs SET status=? WHERE rid=?", (st.status, st.rid))
             self._wrote(st)
+        self.database.release(self._conn, run_id)
