@@ -9,7 +9,9 @@ is stored once per (series, step), other records once by (run, rank, seq); a res
 ignored record by record. A write the database refuses (full, I/O error) is rolled back
 and the run's in-memory state dropped, so memory and database agree and the stream
 resends from what is stored. Refusals are the domain errors of :mod:`server.errors`.
-Plain module: no FastAPI.
+The runs' cached states (kept current when other servers write the database too) are
+:mod:`server.runcache`'s; new runs' names and ids :mod:`server.runnames`'. Plain module:
+no FastAPI.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import contextlib
 import json
 import logging
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,8 +37,9 @@ from gradwatch.server.errors import (
     StorageFailed,
 )
 from gradwatch.server.reader import Reader
-from gradwatch.server.remote import note_of
-from gradwatch.server.runstate import RunState, load_state, new_state
+from gradwatch.server.runcache import RunCache
+from gradwatch.server.runnames import distinct_name, free_id, name_taken
+from gradwatch.server.runstate import RunState, new_state
 from gradwatch.server.writerthread import WriterThread
 from gradwatch.server.writes import ResetSets, write_batch
 from gradwatch.wire import Header
@@ -68,40 +70,14 @@ class Store:
         self.max_runs = max_runs
         self.keep_param_norms = max(1, keep_param_norms)
         self._resets = ResetSets()
-        self._states: OrderedDict[str, RunState] = OrderedDict()
         self._error = self.database.Error
         self._conn = self.database.open_writer()
         self._writer = WriterThread(self.database.housekeeping, queue_size)
         self.reader = Reader(self.database)
         self.server = uuid.uuid4().hex[:12]
         """This server's id among those sharing the database."""
-        self._interrupt_unheld()
-
-    def _interrupt_unheld(self) -> None:
-        """A run that was live when the server stopped lost its stream: interrupted until
-        its probe reconnects and resumes. On a shared database, only the runs no other
-        server holds: the others are being written (:mod:`server.pgholds`)."""
-        self._conn.execute("BEGIN")
-        try:
-            live = [r[0] for r in self._conn.execute(
-                "SELECT id FROM runs WHERE status='live' ORDER BY id").fetchall()]
-            lost = self.database.unheld(self._conn, live)
-            self._conn.executemany("UPDATE runs SET status='interrupted' WHERE id=?",
-                                   [(run,) for run in lost])
-            if self.database.shared:  # other servers' cached states and dashboards
-                for run in lost:
-                    gen = self.database.generation(self._conn, run) or 0
-                    self.database.bump(self._conn, run, gen + 1)
-                    self.database.announce(self._conn, note_of(self.server, run))
-            self._conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(self._error):
-                self._conn.execute("ROLLBACK")
-            raise
-        if lost:
-            log.info("marked %d run(s) that were live at shutdown as interrupted%s",
-                     len(lost), f" ({len(live) - len(lost)} held by other servers)"
-                     if len(lost) < len(live) else "")
+        self._runs = RunCache(self.database, self._conn, self.server, self.keep_param_norms)
+        self._runs.interrupt_unheld()
 
     # -- thread plumbing -------------------------------------------------------------
     def start(self) -> None:
@@ -128,39 +104,13 @@ class Store:
 
     # -- writer-thread operations (call through submit/call) --------------------------
     def _state(self, run_id: str) -> RunState | None:
-        """The run's state: cached, or rebuilt from the database when there is none or
-        another server has written the run since (its write generation moved on)."""
+        """The run's state, current with the database (:class:`RunCache`)."""
         try:
-            gen = self.database.generation(self._conn, run_id)
-            st = self._states.get(run_id)
-            if st is not None and gen is not None and st.gen != gen:
-                log.info("run %s was written by another server: state rebuilt", run_id)
-                st = None
-            if st is None:
-                st = load_state(self._conn, run_id, self.keep_param_norms)
+            return self._runs.get(run_id)
         except self._error as e:  # the database is gone (restarting): refused, resent later
             self._rolled_back(run_id)
             raise StorageFailed(f"the server could not read its database ({e}); nothing "
                                 f"was stored: resend once it is back") from e
-        if st is None:
-            self._states.pop(run_id, None)
-            return None
-        if run_id not in self._states or self._states[run_id] is not st:
-            st.gen = gen or 0
-            self._states[run_id] = st
-            while len(self._states) > 64:
-                self._states.popitem(last=False)
-        self._states.move_to_end(run_id)
-        return st
-
-    def _wrote(self, st: RunState, res: IngestResult | None = None,
-               deleted: bool = False) -> None:
-        """A write of the run is about to commit: the next generation is this state's,
-        and the other servers on the database hear of it (:mod:`server.remote`)."""
-        if self.database.shared:
-            st.gen += 1
-            self.database.bump(self._conn, st.id, st.gen)
-            self.database.announce(self._conn, note_of(self.server, st.id, res, deleted))
 
     def _check(self, st: RunState | None, batch: Batch, key: str | None) -> bool:
         """Refuse a batch the stream rules do not allow; False: nothing to store.
@@ -235,7 +185,7 @@ class Store:
                 res.new_run = True
             owners.claim(st, batch.rank, key)
             if write_batch(self._conn, st, batch, res, self._resets):
-                self._wrote(st, res)
+                self._runs.wrote(st, res)
             self._conn.execute("COMMIT")
         except BaseException as e:
             self._rolled_back(batch.run)
@@ -258,13 +208,13 @@ class Store:
         if self._conn.in_transaction:
             with contextlib.suppress(self._error):
                 self._conn.execute("ROLLBACK")
-        self._states.pop(run_id, None)  # its counters and verdict saw rolled-back records
+        self._runs.forget(run_id)  # its counters and verdict saw rolled-back records
         self._resets.clear()  # ids of reset sets the transaction added
 
     def _create(self, entry: Entry, name: str | None) -> RunState:
         header = entry.record
         assert isinstance(header, Header)
-        name = self._distinct_name(name or header.run_name or header.run)
+        name = distinct_name(self._conn, name or header.run_name or header.run)
         cur = self._conn.execute(
             "INSERT INTO runs(id, name, status, started, updated, torch_version, "
             "world_size, header, notes, tags) VALUES(?,?,?,?,?,?,?,?,?,?)",
@@ -274,7 +224,7 @@ class Store:
         assert cur.lastrowid is not None
         st = new_state(cur.lastrowid, header, name, self.keep_param_norms)
         st.gen = self.database.generation(self._conn, header.run) or 0  # a re-created id
-        self._states[header.run] = st
+        self._runs.add(st)
         return st
 
     def resume_seq(self, run_id: str, rank: int, key: str | None = None) -> int:
@@ -304,7 +254,7 @@ class Store:
                 self._conn.execute("ROLLBACK")
                 return None
             self._conn.execute("UPDATE runs SET status='interrupted' WHERE rid=?", (st.rid,))
-            self._wrote(st)
+            self._runs.wrote(st)
             self._conn.execute("COMMIT")
         except self._error as e:  # a full disk: the run stays live until a write succeeds
             self._rolled_back(run_id)
@@ -332,26 +282,13 @@ class Store:
             self._conn.execute("BEGIN")
             self.database.release(self._conn, run_id)
             db.delete_run(self._conn, st.rid)
-            self._wrote(st, deleted=True)
+            self._runs.wrote(st, deleted=True)
             self._conn.execute("COMMIT")
         except self._error as e:
             self._rolled_back(run_id)
             raise StorageFailed(f"the server could not delete run {run_id} ({e})") from e
-        self._states.pop(run_id, None)
+        self._runs.forget(run_id)
         return True
-
-    def _name_taken(self, name: str) -> bool:
-        return self._conn.execute("SELECT 1 FROM runs WHERE name=?", (name,)).fetchone() \
-            is not None
-
-    def _distinct_name(self, name: str) -> str:
-        """``name``, or ``name (2)``, ``name (3)``... when another run is called that: two
-        runs (two replays of one log) never read alike in the run list."""
-        n, cand = 1, name
-        while self._name_taken(cand):
-            n += 1
-            cand = f"{name[:190]} ({n})"
-        return cand
 
     def rename(self, run_id: str, name: str) -> RunSummary | None:
         """Give a run a new display name; ``None`` if there is no such run.
@@ -363,11 +300,11 @@ class Store:
         st = self._state(run_id)
         if st is None:
             return None
-        if name != st.name and self._name_taken(name):
+        if name != st.name and name_taken(self._conn, name):
             raise NameTaken(f"another run is already named '{name}'; pick another name")
         try:
             self._conn.execute("UPDATE runs SET name=? WHERE rid=?", (name, st.rid))
-            self._wrote(st)
+            self._runs.wrote(st)
         except self._error as e:
             raise StorageFailed(f"the server could not rename run {run_id} ({e})") from e
         st.name = name
@@ -389,20 +326,12 @@ class Store:
         try:
             self._conn.execute("UPDATE runs SET notes=?, tags=? WHERE rid=?",
                                (notes, json.dumps(tags), st.rid))
-            self._wrote(st)
+            self._runs.wrote(st)
         except self._error as e:
             raise StorageFailed(f"the server could not save the notes of run {run_id} "
                                 f"({e})") from e
         st.notes, st.tags = notes, list(tags)
         return st.summary()
-
-    def free_id(self, wanted: str) -> str:
-        """``wanted`` if no run has that id, else ``wanted-2``, ``wanted-3``, ..."""
-        base, n, cand = wanted[:56], 1, wanted
-        while self._conn.execute("SELECT 1 FROM runs WHERE id=?", (cand,)).fetchone():
-            n += 1
-            cand = f"{base}-{n}"
-        return cand
 
     def import_start(self, header: Header, name: str | None = None) -> str:
         """Create the run of an imported step log from its header (a fresh id if the log's
@@ -411,7 +340,7 @@ class Store:
         Raises:
             RunLimitReached: the server holds ``max_runs`` runs already.
         """
-        run_id = self.free_id(header.run)
+        run_id = free_id(self._conn, header.run)
         header = header.model_copy(update={"run": run_id})
         self.ingest(batch_of_records(run_id, header.rank, [header]), name)
         return run_id
@@ -422,5 +351,5 @@ class Store:
         if st is not None and st.status == "live":
             st.status = st.final_status() or "interrupted"
             self._conn.execute("UPDATE runs SET status=? WHERE rid=?", (st.status, st.rid))
-            self._wrote(st)
+            self._runs.wrote(st)
         self.database.release(self._conn, run_id)
