@@ -122,8 +122,8 @@ class Database(Protocol):
         """Let go of a run :meth:`hold` took (its stream ended or left this server)."""
 
     def unheld(self, conn: Any, run_ids: Sequence[str]) -> list[str]:
-        """Inside a write transaction: those of ``run_ids`` no other server holds, kept so
-        until it ends (where one server writes: all of them)."""
+        """Inside a write transaction: those of ``run_ids`` no server holds (this one
+        included), kept so until it ends (where one server writes: all of them)."""
 
 
 class Reads(Protocol):
@@ -179,6 +179,7 @@ class Storage(Protocol):
     def resume_seq(self, run_id: str, rank: int, key: str | None = None) -> int: ...
     def owns(self, run_id: str, rank: int, key: str | None) -> bool: ...
     def mark_interrupted(self, run_id: str) -> RunSummary | None: ...
+    def sweep(self) -> list[str]: ...
 
 
 class UnknownDatabase(ValueError):

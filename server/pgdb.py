@@ -274,5 +274,5 @@ class PostgresDatabase:
         self._holds.release(conn.raw, run_id)
 
     def unheld(self, conn: PgConn, run_ids: Sequence[str]) -> list[str]:
-        """Those of ``run_ids`` no other server holds, until the transaction ends."""
+        """Those of ``run_ids`` no server holds, until the transaction ends."""
         return self._holds.unheld(conn.raw, run_ids)

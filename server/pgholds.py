@@ -8,7 +8,8 @@ session's locks when the session ends, so a server that stopped or died (kill -9
 machine) holds nothing.
 
 A server that would mark runs interrupted (one starting: every ``live`` run; one whose
-stream of a run dropped: that run) marks only those that no server holds
+stream of a run dropped: that run; every server, now and then: runs whose server died with
+their stream) marks only those that no server holds
 (:meth:`RunHolds.unheld`): it tries an exclusive transaction-level lock on each, which a
 holder's shared lock refuses and which, once taken, keeps any server from taking up the run
 until the marking commits (the batch that does then sets it ``live`` again). Shared locks
@@ -54,12 +55,16 @@ class RunHolds:
                         (run_id, HOLDS))
 
     def unheld(self, raw: Any, run_ids: Sequence[str]) -> list[str]:
-        """Those of ``run_ids`` no other server holds, kept so until the transaction
-        ``raw`` is in ends (this server's own holds do not count)."""
-        if not run_ids:
+        """Those of ``run_ids`` no server holds (this one included), kept so until the
+        transaction ``raw`` is in ends."""
+        self._on(raw)
+        # A session's own shared lock does not refuse its exclusive one: ask only of the
+        # runs this server does not hold itself.
+        ask = [r for r in run_ids if r not in self._held]
+        if not ask:
             return []
         rows = raw.execute(
             "SELECT id FROM unnest(%s::text[]) AS r(id) "
             "WHERE pg_try_advisory_xact_lock(hashtextextended(id, %s))",
-            (list(run_ids), HOLDS)).fetchall()
+            (ask, HOLDS)).fetchall()
         return [r[0] for r in rows]

@@ -5,7 +5,7 @@ touched last (acks, key hashes, counters, the Verdict), each stamped with the ru
 generation. On a shared database (PostgreSQL) a state whose generation another server has
 moved on is rebuilt from storage before use; every write of a run bumps the generation and
 announces the change to the other servers (:mod:`server.remote`), in the write's
-transaction. It also marks the runs that lost their stream while no server ran
+transaction. It also marks the live runs whose stream no server takes
 (:meth:`RunCache.interrupt_unheld`). Runs on the writer thread: only
 :class:`server.storage.Store` uses it. Plain module: no FastAPI.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import OrderedDict
+from collections.abc import Container
 
 from gradwatch.server.backend import Conn, Database
 from gradwatch.server.batch import IngestResult
@@ -86,11 +87,17 @@ class RunCache:
             self.database.bump(self.conn, st.id, st.gen)
             self.database.announce(self.conn, note_of(self.server, st.id, res, deleted))
 
-    def interrupt_unheld(self) -> None:
-        """A run that was live when the server stopped lost its stream: interrupted until
-        its probe reconnects and resumes. On a shared database, only the runs no other
-        server holds: the others are being written (:mod:`server.pgholds`).
+    def interrupt_unheld(self, among: Container[str] | None = None,
+                         why: str = "were live at shutdown") -> tuple[list[str], set[str]]:
+        """A live run whose stream no server takes lost it: interrupted until its probe
+        reconnects and resumes. At a server's start, every live run (on a shared database:
+        those no other server holds, the others are being written, :mod:`server.pgholds`).
 
+        Args:
+            among: mark only these of the unheld runs (runs seen unheld before).
+            why: what the log line says of the runs marked.
+        Returns:
+            The runs marked, and every live run found unheld.
         Raises:
             database.Error: the database refused (nothing marked).
         """
@@ -99,7 +106,8 @@ class RunCache:
         try:
             live = [r[0] for r in conn.execute(
                 "SELECT id FROM runs WHERE status='live' ORDER BY id").fetchall()]
-            lost = self.database.unheld(conn, live)
+            unheld = self.database.unheld(conn, live)
+            lost = [r for r in unheld if among is None or r in among]
             conn.executemany("UPDATE runs SET status='interrupted' WHERE id=?",
                              [(run,) for run in lost])
             if self.database.shared:  # other servers' cached states and dashboards
@@ -113,6 +121,7 @@ class RunCache:
                 conn.execute("ROLLBACK")
             raise
         if lost:
-            log.info("marked %d run(s) that were live at shutdown as interrupted%s",
-                     len(lost), f" ({len(live) - len(lost)} held by other servers)"
-                     if len(lost) < len(live) else "")
+            log.info("marked %d run(s) that %s as interrupted%s", len(lost), why,
+                     f" ({len(live) - len(unheld)} held by servers)"
+                     if len(unheld) < len(live) else "")
+        return lost, set(unheld)

@@ -69,9 +69,14 @@ class Runs:
         self.store.start()
         self.parser.start()
         self.remote.start()
+        if self.store.database.shared:
+            self._keep(asyncio.get_running_loop().create_task(self._sweep_every(
+                max(1.0, self.settings.interrupted_after))))
 
     def close(self) -> None:
         """Finish queued writes and close the database."""
+        for task in list(self._tasks):
+            task.cancel()
         self.remote.close()
         self.parser.close()
         self.store.close()
@@ -224,10 +229,27 @@ class Runs:
         except Exception:
             log.exception("could not delete the partly imported run %s", run_id)
 
-    def _lost(self, run: str) -> None:
-        task = asyncio.get_running_loop().create_task(self._mark_interrupted(run))
+    def _keep(self, task: asyncio.Task[None]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _lost(self, run: str) -> None:
+        self._keep(asyncio.get_running_loop().create_task(self._mark_interrupted(run)))
+
+    async def _sweep_every(self, seconds: float) -> None:
+        """On a shared database: now and then, the live runs whose server died with their
+        stream read as interrupted (:meth:`Store.sweep`; other servers hear of it)."""
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                marked = await self.write(self.store.sweep)
+            except Exception:  # a busy writer or a database away: the next round
+                log.debug("sweep skipped", exc_info=True)
+                continue
+            for run in marked:
+                summary = await asyncio.to_thread(self.reader.summary, run)
+                if summary is not None:
+                    self.hub.publish_summary(summary)
 
     async def _mark_interrupted(self, run: str) -> None:
         try:

@@ -78,6 +78,7 @@ class Store:
         """This server's id among those sharing the database."""
         self._runs = RunCache(self.database, self._conn, self.server, self.keep_param_norms)
         self._runs.interrupt_unheld()
+        self._unheld: set[str] = set()  # live runs no server held at the last sweep
 
     # -- thread plumbing -------------------------------------------------------------
     def start(self) -> None:
@@ -262,6 +263,22 @@ class Store:
             return None
         st.status = "interrupted"
         return st.summary()
+
+    def sweep(self) -> list[str]:
+        """Live runs that no server has held since the last sweep (the server that took
+        their stream died, and their probe has not come back): mark them interrupted. A
+        run found unheld once waits a sweep, so a probe moving to another server is not
+        caught between the two. The runs marked (their summaries changed).
+        """
+        try:
+            marked, self._unheld = self._runs.interrupt_unheld(
+                self._unheld, "lost their server")
+        except self._error as e:  # rolled back; tried again at the next sweep
+            log.warning("looking for runs whose server went away failed: %s", e)
+            return []
+        for run in marked:
+            self._runs.forget(run)
+        return marked
 
     def delete(self, run_id: str) -> bool:
         """Delete a run and everything stored for it; ``False`` if there is none.

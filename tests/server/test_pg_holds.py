@@ -4,6 +4,7 @@ a server whose connection of a run dropped leaves it to the server the probe mov
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,45 @@ def test_a_server_starting_beside_live_streams_marks_only_the_unheld(
                 to_a.recv(timeout=10)
         assert b.get("/api/runs/held")["status"] == "finished"
         assert b.get("/api/runs/held")["steps"] == 60
+    finally:
+        c.kill9()
+        b.stop()
+        a.stop()
+
+
+def test_a_run_whose_server_died_reads_interrupted_on_the_servers_still_running(
+        pg_cluster: Any, tmp_path: Path) -> None:
+    """C takes a stream and is killed (-9) with its probe gone too: the servers still
+    running find the run held by none and mark it interrupted (a sweep every
+    ``--interrupted-after``, here 1 s), while A's stream, held, stays live."""
+    url = pg_cluster.new_database()
+    held = synth.records("held", steps=30)
+    orphan = synth.records("orphan", steps=30, end=False)
+    a = ServerProc(tmp_path / "a", None, "--db", url).start()
+    b = ServerProc(tmp_path / "b", None, "--db", url).start()
+    c = ServerProc(tmp_path / "c", None, "--db", url).start()
+    try:
+        with connect(f"{a.ws}/ws/ingest", open_timeout=5) as to_a:
+            frames = synth.batches(held, "held", 0, 10)
+            to_a.send(frames[0])
+            to_a.recv(timeout=10)
+            with connect(f"{c.ws}/ws/ingest", open_timeout=5) as to_c:
+                for frame in synth.batches(orphan, "orphan", 0, 10):
+                    to_c.send(frame)
+                    to_c.recv(timeout=10)
+                assert b.get("/api/runs/orphan")["status"] == "live"
+                c.kill9()
+            deadline = time.monotonic() + 30
+            while b.get("/api/runs/orphan")["status"] == "live":
+                assert time.monotonic() < deadline, "the orphaned run stayed live"
+                time.sleep(0.2)
+            assert b.get("/api/runs/orphan")["status"] == "interrupted"
+            assert a.get("/api/runs/orphan")["status"] == "interrupted"
+            assert status(url, "held") == "live"
+            for frame in frames[1:]:
+                to_a.send(frame)
+                to_a.recv(timeout=10)
+        assert b.get("/api/runs/held")["status"] == "finished"
     finally:
         c.kill9()
         b.stop()
