@@ -60,6 +60,7 @@ class Runs:
         self.gate = IngestGate(settings.max_ingest_connections, settings.max_msgs_per_sec)
         self.parser = FrameParser(settings.parse_processes)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
         self.remote = RemoteFeed(self.store.server, self.store.database, self.reader,
                                  self.hub)
 
@@ -70,13 +71,13 @@ class Runs:
         self.parser.start()
         self.remote.start()
         if self.store.database.shared:
-            self._keep(asyncio.get_running_loop().create_task(self._sweep_every(
-                max(1.0, self.settings.interrupted_after))))
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_every(
+                max(1.0, self.settings.interrupted_after)))
 
     def close(self) -> None:
         """Finish queued writes and close the database."""
-        for task in list(self._tasks):
-            task.cancel()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         self.remote.close()
         self.parser.close()
         self.store.close()
@@ -229,12 +230,10 @@ class Runs:
         except Exception:
             log.exception("could not delete the partly imported run %s", run_id)
 
-    def _keep(self, task: asyncio.Task[None]) -> None:
+    def _lost(self, run: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._mark_interrupted(run))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    def _lost(self, run: str) -> None:
-        self._keep(asyncio.get_running_loop().create_task(self._mark_interrupted(run)))
 
     async def _sweep_every(self, seconds: float) -> None:
         """On a shared database: now and then, the live runs whose server died with their
