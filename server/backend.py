@@ -113,6 +113,18 @@ class Database(Protocol):
         """Call ``heard`` with each other server's note until ``stop`` is set (returns at
         once where one server writes)."""
 
+    def hold(self, conn: Any, run_id: str) -> None:
+        """This server takes the run's stream: hold the run until :meth:`release` or this
+        server's end, so that no other server marks it interrupted meanwhile
+        (:mod:`server.pgholds`; a no-op where one server writes)."""
+
+    def release(self, conn: Any, run_id: str) -> None:
+        """Let go of a run :meth:`hold` took (its stream ended or left this server)."""
+
+    def unheld(self, conn: Any, run_ids: Sequence[str]) -> list[str]:
+        """Inside a write transaction: those of ``run_ids`` no server holds (this one
+        included), kept so until it ends (where one server writes: all of them)."""
+
 
 class Reads(Protocol):
     """The read half of :class:`Storage` (thread-safe; called from worker threads)."""
@@ -167,6 +179,7 @@ class Storage(Protocol):
     def resume_seq(self, run_id: str, rank: int, key: str | None = None) -> int: ...
     def owns(self, run_id: str, rank: int, key: str | None) -> bool: ...
     def mark_interrupted(self, run_id: str) -> RunSummary | None: ...
+    def sweep(self) -> list[str]: ...
 
 
 class UnknownDatabase(ValueError):

@@ -24,6 +24,7 @@ from psycopg.pq import TransactionStatus
 
 from gradwatch.server import pgschema
 from gradwatch.server.backend import masked, password_of
+from gradwatch.server.pgholds import RunHolds
 from gradwatch.server.series_read import BUCKET_MAX
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,7 @@ class PostgresDatabase:
     def __init__(self, url: str):
         self.url = url
         self.where = masked(url)
+        self._holds = RunHolds()
 
     def open_writer(self) -> PgConn:
         """The writing connection, the schema created or migrated first.
@@ -262,3 +264,15 @@ class PostgresDatabase:
     def housekeeping(self, stop: threading.Event) -> None:
         """Nothing to do beside the writer: PostgreSQL's autovacuum keeps its files."""
         stop.wait()
+
+    def hold(self, conn: PgConn, run_id: str) -> None:
+        """Hold the run while this server takes its stream (:mod:`server.pgholds`)."""
+        self._holds.hold(conn.raw, run_id)
+
+    def release(self, conn: PgConn, run_id: str) -> None:
+        """Let go of the run."""
+        self._holds.release(conn.raw, run_id)
+
+    def unheld(self, conn: PgConn, run_ids: Sequence[str]) -> list[str]:
+        """Those of ``run_ids`` no server holds, until the transaction ends."""
+        return self._holds.unheld(conn.raw, run_ids)

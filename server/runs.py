@@ -60,6 +60,7 @@ class Runs:
         self.gate = IngestGate(settings.max_ingest_connections, settings.max_msgs_per_sec)
         self.parser = FrameParser(settings.parse_processes)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
         self.remote = RemoteFeed(self.store.server, self.store.database, self.reader, self)
 
     def start(self) -> None:
@@ -68,9 +69,14 @@ class Runs:
         self.store.start()
         self.parser.start()
         self.remote.start()
+        if self.store.database.shared:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_every(
+                max(1.0, self.settings.interrupted_after)))
 
     def close(self) -> None:
         """Finish queued writes and close the database."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         self.remote.close()
         self.parser.close()
         self.store.close()
@@ -235,6 +241,21 @@ class Runs:
         task = asyncio.get_running_loop().create_task(self._mark_interrupted(run))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _sweep_every(self, seconds: float) -> None:
+        """On a shared database: now and then, the live runs whose server died with their
+        stream read as interrupted (:meth:`Store.sweep`; other servers hear of it)."""
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                marked = await self.write(self.store.sweep)
+            except Exception:  # a busy writer or a database away: the next round
+                log.debug("sweep skipped", exc_info=True)
+                continue
+            for run in marked:
+                summary = await asyncio.to_thread(self.reader.summary, run)
+                if summary is not None:
+                    self.hub.publish_summary(summary)
 
     async def _mark_interrupted(self, run: str) -> None:
         try:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gradwatch.server import db
@@ -78,6 +78,16 @@ class SqliteDatabase:
 
     def listen(self, heard: Callable[[str], None], stop: threading.Event) -> None:
         """Nothing to hear: returns at once."""
+
+    def hold(self, conn: sqlite3.Connection, run_id: str) -> None:
+        """Nothing to do: no other server writes this file."""
+
+    def release(self, conn: sqlite3.Connection, run_id: str) -> None:
+        """Nothing to do (see :meth:`hold`)."""
+
+    def unheld(self, conn: sqlite3.Connection, run_ids: Sequence[str]) -> list[str]:
+        """All of them: no other server holds a run of this file."""
+        return list(run_ids)
 
     def housekeeping(self, stop: threading.Event) -> None:
         """Passive WAL checkpoints every ``checkpoint_every`` seconds until ``stop``."""

