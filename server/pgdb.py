@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "gradwatch"
 """The NOTIFY channel of :mod:`server.remote`'s notes."""
-VACUUM_EVERY = 0.2
+VACUUM_EVERY = 0.02
 """Seconds between vacuums of the open chunks' tables while chunks are being packed."""
 _IDS = {"runs": "rid", "series": "sid", "reset_sets": "id"}
 """Tables whose new row's id the writer reads (SQLite's ``lastrowid``)."""
@@ -118,6 +118,7 @@ class PgConn:
         self._url = url
         self._reader = reader
         self._packed = packed
+        self._held = None if reader else pgpack.HeldRows()
         self._conn: psycopg.Connection[Any] | None = None
         self._upserts: dict[str, str] = {}
         self._open()
@@ -158,6 +159,14 @@ class PgConn:
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> _Cursor:
         """Run one statement (SQLite's form) with ``?`` parameters."""
         s, returning = self._statement(sql)
+        held = self._held
+        if held is not None:
+            if s.startswith(pgpack.PACKS):
+                parameters = (*parameters, *held.arrays(parameters[0], parameters[1]))
+            elif s == "ROLLBACK":
+                held.drop()
+            elif pgpack.touches(s):
+                held.store(self.raw)
         cur = self.raw.execute(s, parameters)
         if self._packed is not None and s.startswith(pgpack.PACKS):
             self._packed()
@@ -170,12 +179,16 @@ class PgConn:
         """Run one statement per parameter row (pipelined by psycopg)."""
         s, _ = self._statement(sql)
         rows = list(parameters)
+        if self._held is not None and self.in_transaction and self._held.hold(s, rows):
+            return
         if rows:
             with self.raw.cursor() as cur:
                 cur.executemany(s, rows)
 
     def close(self) -> None:
         """Close the connection."""
+        if self._held is not None:
+            self._held.drop()
         if self._conn is not None:
             self._conn.close()
 

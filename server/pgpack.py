@@ -21,6 +21,8 @@ this module.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Any
 
 from gradwatch.server.db import CHUNK
 
@@ -39,7 +41,10 @@ PARAM_COLUMNS = (("pstep", "step", "BIGINT"), ("pnorms", "norms", "BYTEA"),
 
 _STEP_NAMES = ", ".join(c for c, _ in STEP_COLUMNS)
 _STEP_ARRAYS = ", ".join(f"p.{c}" for c, _ in STEP_COLUMNS)
-_PARAM_ARRAYS = ", ".join(f"p.{a}" for a, _, _ in PARAM_COLUMNS)
+_PSTEP = "coalesce(p.pstep, p.step)"
+"""A pack's steps with per-parameter norms: ``pstep`` is NULL when they are all its
+steps (the usual case), ``{}`` when none."""
+_PARAM_ARRAYS = ", ".join([_PSTEP] + [f"p.{a}" for a, _, _ in PARAM_COLUMNS[1:]])
 _PACKED_STEPS = (f"SELECT p.sid, u.* FROM step_packs p CROSS JOIN LATERAL "
                  f"unnest({_STEP_ARRAYS}) AS u({_STEP_NAMES})")
 _PACKED_PARAMS = ("SELECT p.sid, u.* FROM step_packs p CROSS JOIN LATERAL "
@@ -47,7 +52,7 @@ _PACKED_PARAMS = ("SELECT p.sid, u.* FROM step_packs p CROSS JOIN LATERAL "
 _MAX = 9223372036854775807
 
 
-def _ends(table: str, array: str, fn: str, agg: str, order: str) -> str:
+def _ends(table: str, array: str, has: str, fn: str, agg: str, order: str) -> str:
     """A function giving the first (or last) step of a series in [lo, hi]: from the
     open rows' index and the first (last) two packs in range (the one at ``lo``'s chunk
     may hold only steps below ``lo``; every step of the next is in range but for
@@ -58,9 +63,18 @@ CREATE FUNCTION {fn}(s BIGINT, lo BIGINT, hi BIGINT) RETURNS BIGINT LANGUAGE sql
     (SELECT step AS x FROM {table} WHERE sid = s AND step BETWEEN lo AND hi
      ORDER BY step {order} LIMIT 1)
     UNION ALL
-    (SELECT {agg}(u) FROM (SELECT {array} FROM step_packs WHERE sid = s AND chunk BETWEEN
-      lo / {CHUNK} AND hi / {CHUNK} AND {array} IS NOT NULL ORDER BY chunk {order} LIMIT 2) p
-     CROSS JOIN LATERAL unnest(p.{array}) u WHERE u BETWEEN lo AND hi)) q $$;"""
+    (SELECT {agg}(u) FROM (SELECT {array} AS a FROM step_packs p WHERE sid = s AND chunk
+      BETWEEN lo / {CHUNK} AND hi / {CHUNK} AND {has} ORDER BY chunk {order} LIMIT 2) p
+     CROSS JOIN LATERAL unnest(p.a) u WHERE u BETWEEN lo AND hi)) q $$;"""
+
+
+def _agg(column: str, name: str | None = None) -> str:
+    """A column of rows as a pack's array in step order; NULL where every value is (but
+    ``pnorms``, whose NULL says no row was kept)."""
+    agg = f"array_agg({column} ORDER BY step)"
+    if name != "pnorms":
+        agg = f"CASE WHEN count({column}) = 0 THEN NULL ELSE {agg} END"
+    return f"{agg} AS {name or column}"
 
 
 SCHEMA_6 = f"""
@@ -72,10 +86,10 @@ CREATE TABLE step_packs(
   sid BIGINT, chunk BIGINT,
   {", ".join(f"{c} {t}[]" for c, t in STEP_COLUMNS)},
   {", ".join(f"{a} {t}[]" for a, _, t in PARAM_COLUMNS)},
-  PRIMARY KEY(sid, chunk)) WITH (toast_tuple_target = 128);
+  PRIMARY KEY(sid, chunk));
 -- step_packs: the steps of one summarised chunk (chunk = step / {CHUNK}), each column an
--- array in step order; pstep/pnorms/pfresh: its param_norms rows (NULL: none kept).
--- toast_tuple_target: compress every array, not only rows past 2 kB.
+-- array in step order; pstep/pnorms/pfresh: its param_norms rows (pstep NULL: at every
+-- step; '{{}}' and pnorms NULL: none kept).
 CREATE VIEW steps AS SELECT * FROM step_rows UNION ALL {_PACKED_STEPS};
 CREATE VIEW param_norms AS SELECT * FROM param_rows UNION ALL {_PACKED_PARAMS};
 CREATE FUNCTION gw_steps_in(s BIGINT, lo BIGINT, hi BIGINT) RETURNS SETOF steps
@@ -102,10 +116,10 @@ LANGUAGE sql STABLE AS $$
   UNION ALL {_PACKED_PARAMS}
   WHERE p.sid = s AND p.chunk IN (SELECT x / {CHUNK} FROM unnest(at) x) AND u.step = ANY(at)
 $$;
-{_ends("step_rows", "step", "gw_first_step", "min", "")}
-{_ends("step_rows", "step", "gw_last_step", "max", "DESC")}
-{_ends("param_rows", "pstep", "gw_first_param", "min", "")}
-{_ends("param_rows", "pstep", "gw_last_param", "max", "DESC")}
+{_ends("step_rows", "p.step", "TRUE", "gw_first_step", "min", "")}
+{_ends("step_rows", "p.step", "TRUE", "gw_last_step", "max", "DESC")}
+{_ends("param_rows", _PSTEP, "p.pnorms IS NOT NULL", "gw_first_param", "min", "")}
+{_ends("param_rows", _PSTEP, "p.pnorms IS NOT NULL", "gw_last_param", "max", "DESC")}
 CREATE FUNCTION gw_pack(s BIGINT, c BIGINT) RETURNS VOID LANGUAGE plpgsql AS $$
 DECLARE
   lo BIGINT := c * {CHUNK};
@@ -115,10 +129,11 @@ BEGIN
      AND NOT EXISTS (SELECT 1 FROM param_rows WHERE sid = s AND step BETWEEN lo AND hi) THEN
     RETURN;
   END IF;
-  INSERT INTO step_packs SELECT s, c, a.*, b.* FROM
-    (SELECT {", ".join(f"array_agg({c} ORDER BY step)" for c, _ in STEP_COLUMNS)}
+  INSERT INTO step_packs SELECT s, c, a.*, CASE WHEN b.pnorms IS NULL THEN '{{}}'
+    WHEN b.pstep = a.step THEN NULL ELSE b.pstep END, b.pnorms, b.pfresh FROM
+    (SELECT {", ".join(_agg(c) for c, _ in STEP_COLUMNS)}
      FROM gw_steps_in(s, lo, hi)) a,
-    (SELECT {", ".join(f"array_agg({c} ORDER BY step)" for _, c, _ in PARAM_COLUMNS)}
+    (SELECT {", ".join(_agg(c, a) for a, c, _ in PARAM_COLUMNS)}
      FROM gw_param_norms_in(s, lo, hi)) b
   ON CONFLICT (sid, chunk) DO UPDATE SET
     {", ".join(f"{c} = EXCLUDED.{c}" for c, _ in STEP_COLUMNS)},
@@ -128,7 +143,13 @@ BEGIN
 END $$;
 CREATE FUNCTION gw_put_agg(s BIGINT, c BIGINT, k BIGINT, a DOUBLE PRECISION, a_s BIGINT,
     b DOUBLE PRECISION, b_s BIGINT, d DOUBLE PRECISION, d_s BIGINT, e DOUBLE PRECISION,
-    e_s BIGINT, f BIGINT, o BIGINT, g TEXT) RETURNS VOID LANGUAGE plpgsql AS $$
+    e_s BIGINT, f BIGINT, o BIGINT, g TEXT,
+    {", ".join(f"r_{c} {t}[]" for c, t in STEP_COLUMNS)},
+    {", ".join(f"r_{a} {t}[]" for a, _, t in PARAM_COLUMNS)}) RETURNS VOID
+LANGUAGE plpgsql AS $$
+DECLARE
+  lo BIGINT := c * {CHUNK};
+  hi BIGINT := c * {CHUNK} + {CHUNK - 1};
 BEGIN
   INSERT INTO step_agg VALUES(s, c, k, a, a_s, b, b_s, d, d_s, e, e_s, f, o, g)
   ON CONFLICT (sid, chunk) DO UPDATE SET n = EXCLUDED.n, mn_norm = EXCLUDED.mn_norm,
@@ -137,6 +158,22 @@ BEGIN
     mn_drift_step = EXCLUDED.mn_drift_step, mx_drift = EXCLUDED.mx_drift,
     mx_drift_step = EXCLUDED.mx_drift_step, flag_step = EXCLUDED.flag_step,
     odd_step = EXCLUDED.odd_step, sig = EXCLUDED.sig;
+  IF r_step IS NOT NULL THEN
+    IF NOT EXISTS (SELECT 1 FROM step_rows WHERE sid = s AND step BETWEEN lo AND hi)
+       AND NOT EXISTS (SELECT 1 FROM param_rows WHERE sid = s AND step BETWEEN lo AND hi)
+       AND NOT EXISTS (SELECT 1 FROM step_packs WHERE sid = s AND chunk = c) THEN
+      -- the whole chunk came in this batch: packed without passing through step_rows
+      INSERT INTO step_packs VALUES(s, c, {", ".join(f"r_{c}" for c, _ in STEP_COLUMNS)},
+        CASE WHEN r_pnorms IS NULL THEN '{{}}' WHEN r_pstep = r_step THEN NULL
+        ELSE r_pstep END, r_pnorms, r_pfresh);
+      RETURN;
+    END IF;
+    INSERT INTO step_rows SELECT s, u.* FROM
+      unnest({", ".join(f"r_{c}" for c, _ in STEP_COLUMNS)}) AS u;
+    INSERT INTO param_rows SELECT s, u.* FROM unnest(r_pstep, r_pnorms, r_pfresh)
+      AS u(step, norms, fresh)
+      WHERE u.step IS NOT NULL;
+  END IF;
   PERFORM gw_pack(s, c);
 END $$;
 CREATE FUNCTION gw_forget(s BIGINT) RETURNS VOID LANGUAGE sql AS $$
@@ -161,7 +198,9 @@ _EXACT = {
         "INSERT INTO step_rows VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
     "INSERT INTO param_norms VALUES(?,?,?,?)": "INSERT INTO param_rows VALUES(?,?,?,?)",
     "INSERT OR REPLACE INTO step_agg VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)":
-        "SELECT gw_put_agg(?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        "SELECT gw_put_agg(?,?,?,?,?,?,?,?,?,?,?,?,?,?," + ",".join(
+            f"?::{t}[]" for _, t in STEP_COLUMNS) + "," + ",".join(
+            f"?::{t}[]" for _, _, t in PARAM_COLUMNS) + ")",
     "DELETE FROM steps WHERE sid=?": "SELECT gw_forget(?)",
     "DELETE FROM param_norms WHERE sid=?": "SELECT gw_forget(?)",
     "SELECT max(step) FROM steps WHERE sid=?": f"SELECT gw_last_step(?, -1, {_MAX})",
@@ -208,3 +247,82 @@ def packed_form(sql: str) -> str:
     for part, form in _PARTS.items():
         sql = sql.replace(part, form)
     return _RANGE.sub(_range, sql)
+
+
+_FLOATS = frozenset(i for i, (_, t) in enumerate(STEP_COLUMNS) if t == "DOUBLE PRECISION")
+_STEP_ROWS = "INSERT INTO step_rows "
+_PARAM_ROWS = "INSERT INTO param_rows "
+Rows = dict[tuple[int, int], list[tuple[Any, ...]]]
+
+
+def touches(s: str) -> bool:
+    """Whether a statement (PostgreSQL's form) may read or write steps: the rows held by
+    :class:`HeldRows` go to ``step_rows`` before it."""
+    return "step" in s or "param_" in s or "gw_" in s or s == "COMMIT"
+
+
+class HeldRows:
+    """The writer's new ``steps`` and ``param_norms`` rows of the open transaction, by
+    chunk, held until the chunk's summary packs them or a statement needs them stored.
+
+    A batch that holds a whole chunk (an import, a stream catching up) then writes it
+    packed: its rows never enter ``step_rows`` to be deleted a moment later, leaving
+    dead rows behind. Runs on the writer thread (its :class:`server.pgdb.PgConn`).
+    """
+
+    def __init__(self) -> None:
+        self._steps: Rows = {}
+        self._params: Rows = {}
+
+    def hold(self, s: str, rows: list[Sequence[Any]]) -> bool:
+        """Take the rows of an insert into ``step_rows`` / ``param_rows`` (False: another
+        statement)."""
+        held = self._steps if s.startswith(_STEP_ROWS) else \
+            self._params if s.startswith(_PARAM_ROWS) else None
+        if held is None:
+            return False
+        for r in rows:
+            held.setdefault((int(r[0]), int(r[1]) // CHUNK), []).append(tuple(r))
+        return True
+
+    def arrays(self, sid: int, chunk: int) -> list[Any]:
+        """The held rows of one chunk as ``gw_put_agg``'s arrays (NULLs: none), let go."""
+        steps = self._steps.pop((sid, chunk), None)
+        params = self._params.pop((sid, chunk), [])
+        if steps is None:
+            if params:  # never without their steps; stored as they came, to be safe
+                self._params[(sid, chunk)] = params
+            return [None] * (len(STEP_COLUMNS) + len(PARAM_COLUMNS))
+        steps.sort(key=lambda r: r[1])
+        cols: list[Any] = [list(c) for c in zip(*steps, strict=True)][1:]
+        for i in _FLOATS:  # psycopg dumps a list of one type
+            cols[i] = [None if x is None else float(x) for x in cols[i]]
+        cols = [None if all(x is None for x in c) else c for c in cols]  # as _agg
+        if not params:
+            return [*cols, [], None, None]
+        params.sort(key=lambda r: r[1])
+        _, pstep, norms, fresh = (list(c) for c in zip(*params, strict=True))
+        fresh = [_bytes(x) for x in fresh]
+        return [*cols, pstep, [_bytes(x) for x in norms],
+                None if all(x is None for x in fresh) else fresh]
+
+    def store(self, conn: Any) -> None:
+        """Insert every held row into ``step_rows`` / ``param_rows`` (psycopg ``conn``)."""
+        for held, table, n in ((self._steps, "step_rows", 1 + len(STEP_COLUMNS)),
+                               (self._params, "param_rows", 4)):
+            rows = [r for part in held.values() for r in part]
+            held.clear()
+            if rows:
+                with conn.cursor() as cur:
+                    cur.executemany(f"INSERT INTO {table} VALUES({','.join(['%s'] * n)})",
+                                    rows)
+
+    def drop(self) -> None:
+        """Forget every held row (the transaction rolled back)."""
+        self._steps.clear()
+        self._params.clear()
+
+
+def _bytes(x: bytes | str | None) -> bytes | None:
+    """Packed norms as ``bytea`` holds them (the JSON form's text as its UTF-8 bytes)."""
+    return x.encode() if isinstance(x, str) else x
