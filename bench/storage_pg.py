@@ -35,6 +35,7 @@ from storage_server import _dir_bytes, _import, probe_log  # noqa: E402
 
 from tests.pgcluster import Cluster  # noqa: E402
 
+
 def pg_bytes(url: str) -> int:
     """Bytes of the database's tables (heap, indexes, TOAST) after VACUUM."""
     import psycopg

@@ -25,6 +25,7 @@ from psycopg.pq import TransactionStatus
 
 from gradwatch.server import pgpack, pgschema
 from gradwatch.server.backend import masked, password_of
+from gradwatch.server.pgheld import HeldRows, touches
 from gradwatch.server.series_read import BUCKET_MAX
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class PgConn:
         self._url = url
         self._reader = reader
         self._packed = packed
-        self._held = None if reader else pgpack.HeldRows()
+        self._held = None if reader else HeldRows()
         self._conn: psycopg.Connection[Any] | None = None
         self._upserts: dict[str, str] = {}
         self._open()
@@ -165,7 +166,7 @@ class PgConn:
                 parameters = (*parameters, *held.arrays(parameters[0], parameters[1]))
             elif s == "ROLLBACK":
                 held.drop()
-            elif pgpack.touches(s):
+            elif touches(s):
                 held.store(self.raw)
         cur = self.raw.execute(s, parameters)
         if self._packed is not None and s.startswith(pgpack.PACKS):

@@ -8,8 +8,8 @@ REAL, ``bytea`` for the packed per-parameter norms, text ordered byte by byte
 version; :func:`migrate` brings an older database to :data:`SCHEMA_VERSION` in one
 transaction under an advisory lock, so servers starting together migrate once, and
 refuses one written by a newer gradwatch. From schema 6 the steps of summarised chunks
-are packed (:mod:`server.pgpack`): ``steps`` and ``param_norms`` become views. Runs on the writer's connection before anything
-else touches it. Plain module: no FastAPI.
+are packed (:mod:`server.pgpack`): ``steps`` and ``param_norms`` become views. Runs on
+the writer's connection before anything else touches it. Plain module: no FastAPI.
 """
 
 from __future__ import annotations
