@@ -67,6 +67,24 @@ CREATE FUNCTION {fn}(s BIGINT, lo BIGINT, hi BIGINT) RETURNS BIGINT LANGUAGE sql
      CROSS JOIN LATERAL unnest(p.a) u WHERE u BETWEEN lo AND hi)) q $$;"""
 
 
+def _reads(view: str, table: str, packed: str) -> str:
+    """The functions reading one series' rows of ``view`` in a step range (``_in``) and
+    at listed steps (``_at``): the open rows by their index, the packs of those chunks."""
+    out = ""
+    for fn, args, rows, chunks in (
+            ("in", "lo BIGINT, hi BIGINT", "BETWEEN lo AND hi",
+             f"BETWEEN lo / {CHUNK} AND hi / {CHUNK}"),
+            ("at", "VARIADIC at BIGINT[]", "= ANY(at)",
+             f"IN (SELECT x / {CHUNK} FROM unnest(at) x)")):
+        out += f"""
+CREATE FUNCTION gw_{view}_{fn}(s BIGINT, {args}) RETURNS SETOF {view}
+LANGUAGE sql STABLE AS $$
+  SELECT * FROM {table} WHERE sid = s AND step {rows}
+  UNION ALL {packed} WHERE p.sid = s AND p.chunk {chunks} AND u.step {rows}
+$$;"""
+    return out
+
+
 def _agg(column: str, name: str | None = None) -> str:
     """A column of rows as a pack's array in step order; NULL where every value is (but
     ``pnorms``, whose NULL says no row was kept)."""
@@ -91,30 +109,8 @@ CREATE TABLE step_packs(
 -- step; '{{}}' and pnorms NULL: none kept).
 CREATE VIEW steps AS SELECT * FROM step_rows UNION ALL {_PACKED_STEPS};
 CREATE VIEW param_norms AS SELECT * FROM param_rows UNION ALL {_PACKED_PARAMS};
-CREATE FUNCTION gw_steps_in(s BIGINT, lo BIGINT, hi BIGINT) RETURNS SETOF steps
-LANGUAGE sql STABLE AS $$
-  SELECT * FROM step_rows WHERE sid = s AND step BETWEEN lo AND hi
-  UNION ALL {_PACKED_STEPS}
-  WHERE p.sid = s AND p.chunk BETWEEN lo / {CHUNK} AND hi / {CHUNK} AND u.step BETWEEN lo AND hi
-$$;
-CREATE FUNCTION gw_steps_at(s BIGINT, VARIADIC at BIGINT[]) RETURNS SETOF steps
-LANGUAGE sql STABLE AS $$
-  SELECT * FROM step_rows WHERE sid = s AND step = ANY(at)
-  UNION ALL {_PACKED_STEPS}
-  WHERE p.sid = s AND p.chunk IN (SELECT x / {CHUNK} FROM unnest(at) x) AND u.step = ANY(at)
-$$;
-CREATE FUNCTION gw_param_norms_in(s BIGINT, lo BIGINT, hi BIGINT) RETURNS SETOF param_norms
-LANGUAGE sql STABLE AS $$
-  SELECT * FROM param_rows WHERE sid = s AND step BETWEEN lo AND hi
-  UNION ALL {_PACKED_PARAMS}
-  WHERE p.sid = s AND p.chunk BETWEEN lo / {CHUNK} AND hi / {CHUNK} AND u.step BETWEEN lo AND hi
-$$;
-CREATE FUNCTION gw_param_norms_at(s BIGINT, VARIADIC at BIGINT[]) RETURNS SETOF param_norms
-LANGUAGE sql STABLE AS $$
-  SELECT * FROM param_rows WHERE sid = s AND step = ANY(at)
-  UNION ALL {_PACKED_PARAMS}
-  WHERE p.sid = s AND p.chunk IN (SELECT x / {CHUNK} FROM unnest(at) x) AND u.step = ANY(at)
-$$;
+{_reads("steps", "step_rows", _PACKED_STEPS)}
+{_reads("param_norms", "param_rows", _PACKED_PARAMS)}
 {_ends("step_rows", "p.step", "TRUE", "gw_first_step", "min", "")}
 {_ends("step_rows", "p.step", "TRUE", "gw_last_step", "max", "DESC")}
 {_ends("param_rows", _PSTEP, "p.pnorms IS NOT NULL", "gw_first_param", "min", "")}
