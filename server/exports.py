@@ -52,9 +52,10 @@ def export_lines(reader: Reader, run_id: str, rank: int = 0) -> Iterator[str] | 
                 "SELECT seq, t, step, opt, vals FROM scalars WHERE rid=? AND rank=? "
                 "ORDER BY seq", (rid, rank)))
             marks = ",".join("?" * len(opts))
-            steps = ((t[0], _step_line(opts[t[-1]], t[:-1])) for t in c.execute(
+            # (no series: no statement, as `IN ()` is SQLite's alone)
+            steps = ((t[0], _step_line(opts[t[-1]], t[:-1])) for t in (c.execute(
                 RECORD_SELECT.replace("p.fresh ", "p.fresh, s.sid ", 1)
-                + f"WHERE s.sid IN ({marks}) ORDER BY s.seq", tuple(opts)))
+                + f"WHERE s.sid IN ({marks}) ORDER BY s.seq", tuple(opts)) if opts else ()))
             for _, line in heapq.merge(records, scalars, steps, key=lambda x: x[0]):
                 yield line + "\n"
         finally:

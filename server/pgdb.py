@@ -5,7 +5,8 @@ URL. Its connections (:class:`PgConn`) take the statements the storage modules w
 SQLite and run them in PostgreSQL's form (:func:`pg_sql`): ``%s`` placeholders, upserts for
 ``INSERT OR IGNORE`` / ``INSERT OR REPLACE``, ``RETURNING`` for the ids SQLite gives as
 ``lastrowid``, snapshot reads for a reader's ``BEGIN``, and the few statements whose
-meaning needs other words (:data:`REWRITES`). A connection that broke (the database
+meaning needs other words (:data:`REWRITES`), and over the packed steps of schema 6
+(:func:`server.pgpack.packed_form`). A connection that broke (the database
 restarted) is opened again on its next statement; the statement that saw it break fails
 as the engine's error, so the batch is refused and resent. Imports psycopg: only
 :func:`server.backend.open_database` imports this module, for a PostgreSQL URL.
@@ -22,8 +23,9 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from gradwatch.server import pgschema
+from gradwatch.server import pgpack, pgschema
 from gradwatch.server.backend import masked, password_of
+from gradwatch.server.pgheld import HeldRows, touches
 from gradwatch.server.pgholds import RunHolds
 from gradwatch.server.series_read import BUCKET_MAX
 
@@ -31,6 +33,8 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "gradwatch"
 """The NOTIFY channel of :mod:`server.remote`'s notes."""
+VACUUM_EVERY = 0.02
+"""Seconds between vacuums of the open chunks' tables while chunks are being packed."""
 _IDS = {"runs": "rid", "series": "sid", "reset_sets": "id"}
 """Tables whose new row's id the writer reads (SQLite's ``lastrowid``)."""
 
@@ -42,7 +46,7 @@ REWRITES = {
     BUCKET_MAX:
         # PostgreSQL has no bare columns beside max(): the first step of the largest norm
         "SELECT DISTINCT ON (k) k, step, v FROM (SELECT step / %s AS k, step, "
-        "coalesce(norm, -1) AS v FROM steps WHERE sid=%s AND step BETWEEN %s AND %s) q "
+        "coalesce(norm, -1) AS v FROM gw_steps_in(%s, %s, %s) r) q "
         "ORDER BY k, v DESC, step",
 }
 """Statements whose PostgreSQL form is not a mechanical translation (:func:`pg_sql`)."""
@@ -59,7 +63,7 @@ def pg_sql(sql: str, reader: bool = False) -> tuple[str, str | None]:
     """
     if sql in REWRITES:
         return REWRITES[sql], None
-    s = sql.strip()
+    s = pgpack.packed_form(sql.strip())
     if s == "BEGIN":
         return ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if reader else s), None
     s = s.replace("%", "%%").replace("?", "%s")
@@ -107,11 +111,16 @@ class PgConn:
     Args:
         url: the database URL.
         reader: a reader's connection (snapshots, read-only).
+        packed: called after a statement that packed a chunk (its open rows then wait
+            for a vacuum).
     """
 
-    def __init__(self, url: str, reader: bool = False):
+    def __init__(self, url: str, reader: bool = False,
+                 packed: Callable[[], None] | None = None):
         self._url = url
         self._reader = reader
+        self._packed = packed
+        self._held = None if reader else HeldRows()
         self._conn: psycopg.Connection[Any] | None = None
         self._upserts: dict[str, str] = {}
         self._open()
@@ -152,7 +161,17 @@ class PgConn:
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> _Cursor:
         """Run one statement (SQLite's form) with ``?`` parameters."""
         s, returning = self._statement(sql)
+        held = self._held
+        if held is not None:
+            if s.startswith(pgpack.PACKS):
+                parameters = (*parameters, *held.arrays(parameters[0], parameters[1]))
+            elif s == "ROLLBACK":
+                held.drop()
+            elif touches(s):
+                held.store(self.raw)
         cur = self.raw.execute(s, parameters)
+        if self._packed is not None and s.startswith(pgpack.PACKS):
+            self._packed()
         if returning is not None:
             row = cur.fetchone()
             return _Cursor(cur, None if row is None else int(row[0]))
@@ -162,12 +181,16 @@ class PgConn:
         """Run one statement per parameter row (pipelined by psycopg)."""
         s, _ = self._statement(sql)
         rows = list(parameters)
+        if self._held is not None and self.in_transaction and self._held.hold(s, rows):
+            return
         if rows:
             with self.raw.cursor() as cur:
                 cur.executemany(s, rows)
 
     def close(self) -> None:
         """Close the connection."""
+        if self._held is not None:
+            self._held.drop()
         if self._conn is not None:
             self._conn.close()
 
@@ -203,6 +226,7 @@ class PostgresDatabase:
         self.url = url
         self.where = masked(url)
         self._holds = RunHolds()
+        self._packed = threading.Event()
 
     def open_writer(self) -> PgConn:
         """The writing connection, the schema created or migrated first.
@@ -211,7 +235,7 @@ class PostgresDatabase:
             NewerDatabase: written by a newer gradwatch (left untouched).
             psycopg.Error: unreachable.
         """
-        conn = PgConn(self.url)
+        conn = PgConn(self.url, packed=self._packed.set)
         try:
             pgschema.migrate(conn.raw, self.where)
         except BaseException:
@@ -262,8 +286,27 @@ class PostgresDatabase:
                 stop.wait(1.0)
 
     def housekeeping(self, stop: threading.Event) -> None:
-        """Nothing to do beside the writer: PostgreSQL's autovacuum keeps its files."""
-        stop.wait()
+        """Vacuum the open chunks' tables soon after the writer packed chunks out of them.
+
+        Their rows are inserted and, a chunk later, deleted: without a vacuum (autovacuum
+        looks once a minute) their dead rows would hold as many bytes as the steps took
+        before packing, until then. Vacuumed at most every :data:`VACUUM_EVERY` seconds,
+        they stay about a chunk per open series."""
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            while not stop.is_set():
+                if not self._packed.wait(0.5) or stop.wait(VACUUM_EVERY):
+                    continue
+                self._packed.clear()
+                try:
+                    if conn is None or conn.closed:
+                        conn = connect(self.url)
+                    conn.execute(f"VACUUM {', '.join(pgpack.HOT_TABLES)}")
+                except psycopg.Error as e:  # the database restarting: the next round
+                    log.debug("vacuum failed: %s", e)
+        finally:
+            if conn is not None:
+                conn.close()
 
     def hold(self, conn: PgConn, run_id: str) -> None:
         """Hold the run while this server takes its stream (:mod:`server.pgholds`)."""

@@ -7,8 +7,9 @@ REAL, ``bytea`` for the packed per-parameter norms, text ordered byte by byte
 (``COLLATE "C"``, SQLite's order) where reads sort by it. ``gradwatch_schema`` holds the
 version; :func:`migrate` brings an older database to :data:`SCHEMA_VERSION` in one
 transaction under an advisory lock, so servers starting together migrate once, and
-refuses one written by a newer gradwatch. Runs on the writer's connection before anything
-else touches it. Plain module: no FastAPI.
+refuses one written by a newer gradwatch. From schema 6 the steps of summarised chunks
+are packed (:mod:`server.pgpack`): ``steps`` and ``param_norms`` become views. Runs on
+the writer's connection before anything else touches it. Plain module: no FastAPI.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from gradwatch.server import pgpack
 from gradwatch.server.errors import NewerDatabase
 from gradwatch.server.migrate import statements
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The current version. :data:`SCHEMA` is version 4, numbered as SQLite's
 (:data:`server.db.SCHEMA_VERSION`), whose tables it mirrors; :data:`MIGRATIONS` go on
 from it, for a new database too."""
@@ -99,7 +101,13 @@ def _to_5(conn: Any) -> None:
     conn.execute("CREATE TABLE run_writers(id TEXT PRIMARY KEY, gen BIGINT NOT NULL)")
 
 
-MIGRATIONS: dict[int, Migration] = {5: _to_5}
+def _to_6(conn: Any) -> None:
+    """Schema 6: steps packed per chunk of a series (:mod:`server.pgpack`); the rows of
+    every summarised chunk of the database are packed."""
+    conn.execute(pgpack.SCHEMA_6)
+
+
+MIGRATIONS: dict[int, Migration] = {5: _to_5, 6: _to_6}
 """Per version N > 4: the step from N - 1 to N, run inside the migration's transaction."""
 
 

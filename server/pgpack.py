@@ -1,0 +1,245 @@
+"""How PostgreSQL keeps steps: packed, one row per chunk of a series (schema 6).
+
+A row per step, as SQLite keeps it, costs PostgreSQL a tuple header, a line pointer and an
+index entry each in ``steps`` and ``param_norms``, and fixed-width integers: more than
+twice SQLite's bytes per step. So once a chunk (:data:`server.db.CHUNK` steps of one
+series) is summarised, its rows move into one ``step_packs`` row of column arrays (the
+per-parameter norms as arrays of the same packed bytes), which PostgreSQL compresses
+(TOAST). The open chunk's rows stay one per step in ``step_rows`` / ``param_rows``, where
+the writer inserts them; ``steps`` and ``param_norms`` are views of both, so a statement
+reading whole series runs unchanged.
+
+Reads of a step range must not unpack a whole series, so :func:`packed_form` writes the
+storage modules' range statements over functions that visit only the chunks in range
+(``gw_steps_in``, ``gw_steps_at``, ``gw_first_step`` ...): the statements' text and their
+parameters stay the storage modules' own, in the same order. Moving a summarised chunk
+is ``gw_put_agg``, the ``step_agg`` upsert that also packs the chunk, merging any rows it
+packed before (a resent gap); the rows of a chunk that came whole in the batch it is
+given as arrays (:class:`server.pgheld.HeldRows`). Only :mod:`server.pgdb`,
+:mod:`server.pgheld` and :mod:`server.pgschema` import this module.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gradwatch.server.db import CHUNK
+
+STEP_COLUMNS = (
+    ("step", "BIGINT"), ("seq", "BIGINT"), ("t", "DOUBLE PRECISION"),
+    ("norm", "DOUBLE PRECISION"), ("fresh_norm", "DOUBLE PRECISION"),
+    ("drift", "DOUBLE PRECISION"), ("flags", "INTEGER"), ("stale", "BIGINT"),
+    ("leaked", "BIGINT"), ("late", "BIGINT"), ("discarded", "BIGINT"),
+    ("backwards", "BIGINT"), ("consumed", "BIGINT"), ("fresh", "BIGINT"),
+    ("closure_evals", "BIGINT"), ("rset", "BIGINT"), ("loss", "DOUBLE PRECISION"),
+    ("lr", "TEXT"), ("detail", "TEXT"))
+"""The columns of a ``steps`` row after ``sid``, in order (schema 4's table)."""
+PARAM_COLUMNS = (("pstep", "step", "BIGINT"), ("pnorms", "norms", "BYTEA"),
+                 ("pfresh", "fresh", "BYTEA"))
+"""``step_packs`` arrays of the ``param_norms`` rows: (array, column, type)."""
+
+_STEP_NAMES = ", ".join(c for c, _ in STEP_COLUMNS)
+_STEP_ARRAYS = ", ".join(f"p.{c}" for c, _ in STEP_COLUMNS)
+_PSTEP = "coalesce(p.pstep, p.step)"
+"""A pack's steps with per-parameter norms: ``pstep`` is NULL when they are all its
+steps (the usual case), ``{}`` when none."""
+_PARAM_ARRAYS = ", ".join([_PSTEP] + [f"p.{a}" for a, _, _ in PARAM_COLUMNS[1:]])
+_PACKED_STEPS = (f"SELECT p.sid, u.* FROM step_packs p CROSS JOIN LATERAL "
+                 f"unnest({_STEP_ARRAYS}) AS u({_STEP_NAMES})")
+_PACKED_PARAMS = ("SELECT p.sid, u.* FROM step_packs p CROSS JOIN LATERAL "
+                  f"unnest({_PARAM_ARRAYS}) AS u(step, norms, fresh)")
+_MAX = 9223372036854775807
+
+
+def _ends(table: str, array: str, has: str, fn: str, agg: str, order: str) -> str:
+    """A function giving the first (or last) step of a series in [lo, hi]: from the
+    open rows' index and the first (last) two packs in range (the one at ``lo``'s chunk
+    may hold only steps below ``lo``; every step of the next is in range but for
+    ``hi``'s chunk, past which no pack is in range)."""
+    return f"""
+CREATE FUNCTION {fn}(s BIGINT, lo BIGINT, hi BIGINT) RETURNS BIGINT LANGUAGE sql STABLE AS $$
+  SELECT {agg}(x) FROM (
+    (SELECT step AS x FROM {table} WHERE sid = s AND step BETWEEN lo AND hi
+     ORDER BY step {order} LIMIT 1)
+    UNION ALL
+    (SELECT {agg}(u) FROM (SELECT {array} AS a FROM step_packs p WHERE sid = s AND chunk
+      BETWEEN lo / {CHUNK} AND hi / {CHUNK} AND {has} ORDER BY chunk {order} LIMIT 2) p
+     CROSS JOIN LATERAL unnest(p.a) u WHERE u BETWEEN lo AND hi)) q $$;"""
+
+
+def _reads(view: str, table: str, packed: str) -> str:
+    """The functions reading one series' rows of ``view`` in a step range (``_in``) and
+    at listed steps (``_at``): the open rows by their index, the packs of those chunks."""
+    out = ""
+    for fn, args, rows, chunks in (
+            ("in", "lo BIGINT, hi BIGINT", "BETWEEN lo AND hi",
+             f"BETWEEN lo / {CHUNK} AND hi / {CHUNK}"),
+            ("at", "VARIADIC at BIGINT[]", "= ANY(at)",
+             f"IN (SELECT x / {CHUNK} FROM unnest(at) x)")):
+        out += f"""
+CREATE FUNCTION gw_{view}_{fn}(s BIGINT, {args}) RETURNS SETOF {view}
+LANGUAGE sql STABLE AS $$
+  SELECT * FROM {table} WHERE sid = s AND step {rows}
+  UNION ALL {packed} WHERE p.sid = s AND p.chunk {chunks} AND u.step {rows}
+$$;"""
+    return out
+
+
+def _agg(column: str, name: str | None = None) -> str:
+    """A column of rows as a pack's array in step order; NULL where every value is (but
+    ``pnorms``, whose NULL says no row was kept)."""
+    agg = f"array_agg({column} ORDER BY step)"
+    if name != "pnorms":
+        agg = f"CASE WHEN count({column}) = 0 THEN NULL ELSE {agg} END"
+    return f"{agg} AS {name or column}"
+
+
+SCHEMA_6 = f"""
+ALTER TABLE steps RENAME TO step_rows;
+ALTER INDEX steps_pkey RENAME TO step_rows_pkey;
+ALTER TABLE param_norms RENAME TO param_rows;
+ALTER INDEX param_norms_pkey RENAME TO param_rows_pkey;
+CREATE TABLE step_packs(
+  sid BIGINT, chunk BIGINT,
+  {", ".join(f"{c} {t}[]" for c, t in STEP_COLUMNS)},
+  {", ".join(f"{a} {t}[]" for a, _, t in PARAM_COLUMNS)},
+  PRIMARY KEY(sid, chunk));
+-- step_packs: the steps of one summarised chunk (chunk = step / {CHUNK}), each column an
+-- array in step order; pstep/pnorms/pfresh: its param_norms rows (pstep NULL: at every
+-- step; '{{}}' and pnorms NULL: none kept).
+CREATE VIEW steps AS SELECT * FROM step_rows UNION ALL {_PACKED_STEPS};
+CREATE VIEW param_norms AS SELECT * FROM param_rows UNION ALL {_PACKED_PARAMS};
+{_reads("steps", "step_rows", _PACKED_STEPS)}
+{_reads("param_norms", "param_rows", _PACKED_PARAMS)}
+{_ends("step_rows", "p.step", "TRUE", "gw_first_step", "min", "")}
+{_ends("step_rows", "p.step", "TRUE", "gw_last_step", "max", "DESC")}
+{_ends("param_rows", _PSTEP, "p.pnorms IS NOT NULL", "gw_first_param", "min", "")}
+{_ends("param_rows", _PSTEP, "p.pnorms IS NOT NULL", "gw_last_param", "max", "DESC")}
+CREATE FUNCTION gw_pack(s BIGINT, c BIGINT) RETURNS VOID LANGUAGE plpgsql AS $$
+DECLARE
+  lo BIGINT := c * {CHUNK};
+  hi BIGINT := c * {CHUNK} + {CHUNK - 1};
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM step_rows WHERE sid = s AND step BETWEEN lo AND hi)
+     AND NOT EXISTS (SELECT 1 FROM param_rows WHERE sid = s AND step BETWEEN lo AND hi) THEN
+    RETURN;
+  END IF;
+  INSERT INTO step_packs SELECT s, c, a.*, CASE WHEN b.pnorms IS NULL THEN '{{}}'
+    WHEN b.pstep = a.step THEN NULL ELSE b.pstep END, b.pnorms, b.pfresh FROM
+    (SELECT {", ".join(_agg(c) for c, _ in STEP_COLUMNS)}
+     FROM gw_steps_in(s, lo, hi)) a,
+    (SELECT {", ".join(_agg(c, a) for a, c, _ in PARAM_COLUMNS)}
+     FROM gw_param_norms_in(s, lo, hi)) b
+  ON CONFLICT (sid, chunk) DO UPDATE SET
+    {", ".join(f"{c} = EXCLUDED.{c}" for c, _ in STEP_COLUMNS)},
+    {", ".join(f"{a} = EXCLUDED.{a}" for a, _, _ in PARAM_COLUMNS)};
+  DELETE FROM step_rows WHERE sid = s AND step BETWEEN lo AND hi;
+  DELETE FROM param_rows WHERE sid = s AND step BETWEEN lo AND hi;
+END $$;
+CREATE FUNCTION gw_put_agg(s BIGINT, c BIGINT, k BIGINT, a DOUBLE PRECISION, a_s BIGINT,
+    b DOUBLE PRECISION, b_s BIGINT, d DOUBLE PRECISION, d_s BIGINT, e DOUBLE PRECISION,
+    e_s BIGINT, f BIGINT, o BIGINT, g TEXT,
+    {", ".join(f"r_{c} {t}[]" for c, t in STEP_COLUMNS)},
+    {", ".join(f"r_{a} {t}[]" for a, _, t in PARAM_COLUMNS)}) RETURNS VOID
+LANGUAGE plpgsql AS $$
+DECLARE
+  lo BIGINT := c * {CHUNK};
+  hi BIGINT := c * {CHUNK} + {CHUNK - 1};
+BEGIN
+  INSERT INTO step_agg VALUES(s, c, k, a, a_s, b, b_s, d, d_s, e, e_s, f, o, g)
+  ON CONFLICT (sid, chunk) DO UPDATE SET n = EXCLUDED.n, mn_norm = EXCLUDED.mn_norm,
+    mn_norm_step = EXCLUDED.mn_norm_step, mx_norm = EXCLUDED.mx_norm,
+    mx_norm_step = EXCLUDED.mx_norm_step, mn_drift = EXCLUDED.mn_drift,
+    mn_drift_step = EXCLUDED.mn_drift_step, mx_drift = EXCLUDED.mx_drift,
+    mx_drift_step = EXCLUDED.mx_drift_step, flag_step = EXCLUDED.flag_step,
+    odd_step = EXCLUDED.odd_step, sig = EXCLUDED.sig;
+  IF r_step IS NOT NULL THEN
+    IF NOT EXISTS (SELECT 1 FROM step_rows WHERE sid = s AND step BETWEEN lo AND hi)
+       AND NOT EXISTS (SELECT 1 FROM param_rows WHERE sid = s AND step BETWEEN lo AND hi)
+       AND NOT EXISTS (SELECT 1 FROM step_packs WHERE sid = s AND chunk = c) THEN
+      -- the whole chunk came in this batch: packed without passing through step_rows
+      INSERT INTO step_packs VALUES(s, c, {", ".join(f"r_{c}" for c, _ in STEP_COLUMNS)},
+        CASE WHEN r_pnorms IS NULL THEN '{{}}' WHEN r_pstep = r_step THEN NULL
+        ELSE r_pstep END, r_pnorms, r_pfresh);
+      RETURN;
+    END IF;
+    INSERT INTO step_rows SELECT s, u.* FROM
+      unnest({", ".join(f"r_{c}" for c, _ in STEP_COLUMNS)}) AS u;
+    INSERT INTO param_rows SELECT s, u.* FROM unnest(r_pstep, r_pnorms, r_pfresh)
+      AS u(step, norms, fresh)
+      WHERE u.step IS NOT NULL;
+  END IF;
+  PERFORM gw_pack(s, c);
+END $$;
+CREATE FUNCTION gw_forget(s BIGINT) RETURNS VOID LANGUAGE sql AS $$
+  DELETE FROM step_rows WHERE sid = s;
+  DELETE FROM param_rows WHERE sid = s;
+  DELETE FROM step_packs WHERE sid = s;
+$$;
+-- every chunk summarised so far is packed, as the writer would have
+SELECT gw_pack(sid, chunk) FROM step_agg ORDER BY sid, chunk;
+"""
+"""Schema 5 to 6 (:data:`server.pgschema.MIGRATIONS`): the tables, views and functions
+above, and every summarised chunk of a schema-5 database packed."""
+
+PACKS = "SELECT gw_put_agg("
+"""How a statement that packs a chunk begins (in PostgreSQL's form)."""
+HOT_TABLES = ("step_rows", "param_rows")
+"""Where the open chunks' rows come and go: the vacuum after packing keeps them small."""
+
+_SPAN = "SELECT step FROM {t} WHERE sid=? AND step BETWEEN ? AND ? ORDER BY step{d} LIMIT 1"
+_EXACT = {
+    "INSERT INTO steps VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)":
+        "INSERT INTO step_rows VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+    "INSERT INTO param_norms VALUES(?,?,?,?)": "INSERT INTO param_rows VALUES(?,?,?,?)",
+    "INSERT OR REPLACE INTO step_agg VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)":
+        "SELECT gw_put_agg(?,?,?,?,?,?,?,?,?,?,?,?,?,?," + ",".join(
+            f"?::{t}[]" for _, t in STEP_COLUMNS) + "," + ",".join(
+            f"?::{t}[]" for _, _, t in PARAM_COLUMNS) + ")",
+    "DELETE FROM steps WHERE sid=?": "SELECT gw_forget(?)",
+    "DELETE FROM param_norms WHERE sid=?": "SELECT gw_forget(?)",
+    "SELECT max(step) FROM steps WHERE sid=?": f"SELECT gw_last_step(?, -1, {_MAX})",
+    **{_SPAN.format(t=t, d=d): f"SELECT x FROM (SELECT {f}(?, ?, ?) AS x) q "
+                               "WHERE x IS NOT NULL"
+       for t, d, f in (("steps", "", "gw_first_step"), ("steps", " DESC", "gw_last_step"),
+                       ("param_norms", "", "gw_first_param"),
+                       ("param_norms", " DESC", "gw_last_param"))},
+}
+"""Whole statements of the storage modules and their form over the packs (same
+parameters)."""
+_PARTS = {
+    "(SELECT max(step) FROM steps t WHERE t.sid=e.sid)": f"gw_last_step(e.sid, -1, {_MAX})",
+    "JOIN steps s ON s.sid=p.sid AND s.step=p.step":
+        "CROSS JOIN LATERAL gw_steps_at(p.sid, p.step) s",
+}
+"""Parts of statements (no parameters in them) and their form over the packs."""
+_RANGE = re.compile(
+    r"FROM (steps|param_norms)( [a-z])? ([^?]*?)WHERE (?:[a-z]\.)?sid=\? AND "
+    r"(?:[a-z]\.)?step (BETWEEN \? AND \?|IN \(([?,]+)\)|=\?)")
+"""A read of one series' steps in a range or at listed steps: the table is replaced by
+the function of those steps, which takes the WHERE clause's parameters in their order."""
+
+
+def _range(m: re.Match[str]) -> str:
+    table, alias, between, cond, listed = m.group(1), m.group(2) or "", m.group(3), \
+        m.group(4), m.group(5)
+    if cond.startswith("BETWEEN"):
+        call = f"gw_{table}_in(?, ?, ?)"
+    else:
+        n = 1 if listed is None else listed.count("?")
+        call = f"gw_{table}_at(?, VARIADIC ARRAY[{','.join('?' * n)}]::BIGINT[])"
+    return f"FROM {call}{alias or ' ' + table} {between}WHERE TRUE"
+
+
+def packed_form(sql: str) -> str:
+    """A storage statement (SQLite's words) in its form over the packs: unchanged unless
+    it writes or reads steps or per-parameter norms by range."""
+    exact = _EXACT.get(sql)
+    if exact is not None:
+        return exact
+    if "steps" not in sql and "param_norms" not in sql:
+        return sql
+    for part, form in _PARTS.items():
+        sql = sql.replace(part, form)
+    return _RANGE.sub(_range, sql)
+
