@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--warm", type=int, default=20)
     ap.add_argument("--list", action="store_true",
-                    help="every function the probe adds to a judged step of the MLP")
+                    help="every function the probe adds to a step, per model and mode")
     ap.add_argument("--previous", type=Path, default=None, metavar="CHECKOUT",
                     help="also count the previous release (a checkout of it)")
     args = ap.parse_args()
@@ -151,12 +151,12 @@ def main() -> None:
                     print(f"  {mname:12s} {mode:8s} {rel:8s} {sum(py):6.1f} / {sum(cc):6.1f}"
                           f"   ({' / '.join(f'{p:.1f}' for p in py)})"
                           f"   ({' / '.join(f'{p:.1f}' for p in cc)})")
-                    if args.list and rel == "this" and mname == "MLP" and mode == "judging":
+                    if args.list and rel == "this":
                         _listing(c, bare, args.steps)
 
 
 def _listing(c: Counts, bare: Counts, steps: int) -> None:
-    print("    the probe's calls per judged step of the MLP, by phase (count per step):")
+    print("    the probe's calls per step, by phase (count per step):")
     for ph, name in enumerate(PHASES):
         extra = {fn: (v - bare.by_fn.get((p, fn), 0)) / steps
                  for (p, fn), v in c.by_fn.items() if p == ph}

@@ -75,11 +75,22 @@ class NormSchedule:
                 self.planned = True
             plan = self.plan
             scale = getattr(self.opt, "grad_scale", None)
-            # The usual CPU step, all fresh, read at once; groups go through ``sample``,
-            # whose grad mode is off (their ``out=`` buffers refuse a create_graph grad).
+            # The usual CPU step, all fresh, read at once; groups with grad mode off, as
+            # ``sample`` does (their ``out=`` buffers refuse a create_graph grad).
             if (plan is not None and scale is None
-                    and not (plan.groups or plan.failed or missing or zero or mixed)):
-                norms = plan.read(grads)  # type: ignore[arg-type]  # no None in them
+                    and not (plan.failed or missing or zero or mixed)):
+                if not plan.groups:
+                    norms = plan.read(grads)  # type: ignore[arg-type]  # no None in them
+                else:  # (``sample``'s way for this case, without its three frames)
+                    enabled = _grad_enabled()
+                    if enabled:
+                        _set_grad_enabled(False)
+                    try:
+                        got = plan.norms(grads)  # type: ignore[arg-type]  # no None
+                    finally:
+                        if enabled:
+                            _set_grad_enabled(True)
+                    norms = None if got is None else got.tolist()
             if norms is None:
                 norms = sample(grads, scale, zero, mixed, self.fresh, missing, plan)
         if self.began:
