@@ -35,21 +35,9 @@ import gradwatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from previous import Previous  # noqa: E402 - a module beside this script
+from probe_overhead import Make, _many, _mlp  # noqa: E402 - the same two models
 
 PHASES = ("zero_grad", "forward", "backward", "step")
-Make = Callable[[], tuple[torch.nn.Module, torch.Tensor, torch.Tensor]]
-
-
-def _mlp() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
-    m = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(),
-                            torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                            torch.nn.Linear(512, 10))
-    return m, torch.randn(64, 784), torch.randint(0, 10, (64,))
-
-
-def _many() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
-    m = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(200)])
-    return m, torch.randn(64, 64), torch.randint(0, 64, (64,))
 
 
 class Counts:
