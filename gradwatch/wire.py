@@ -167,7 +167,10 @@ Norm = float | None
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings", frozen=False)
+    # defer_build: a model's validator and serializer are built at its first use, not at
+    # import (``gradwatch run`` imports this module at exit even when nothing trained)
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings", frozen=False,
+                              defer_build=True)
 
 
 class _Record(_Model):
@@ -518,14 +521,16 @@ AnyRecord = Header | OptimizerInfo | Site | Step | Stats | End | Unowned | Holdi
 Record = Annotated[AnyRecord, Field(discriminator="type")]
 """Any record of a step log or stream, told apart by its ``type`` (for validation)."""
 
-RECORD_ADAPTER: TypeAdapter[Any] = TypeAdapter(Record)
-RECORDS_ADAPTER: TypeAdapter[list[Any]] = TypeAdapter(list[Record])
+_LATER = ConfigDict(defer_build=True)
+"""Adapters too are built at their first use."""
+RECORD_ADAPTER: TypeAdapter[Any] = TypeAdapter(Record, config=_LATER)
+RECORDS_ADAPTER: TypeAdapter[list[Any]] = TypeAdapter(list[Record], config=_LATER)
 """A block of records (one validation call for many lines; an error's location starts with
 the index of the record)."""
 MAX_BATCH = 10_000
 """Records in one :class:`IngestBatch` at most."""
 _RECORDS: TypeAdapter[list[Any]] = TypeAdapter(
-    Annotated[list[Record], Field(max_length=MAX_BATCH)])
+    Annotated[list[Record], Field(max_length=MAX_BATCH)], config=_LATER)
 
 
 class IngestBatch(_Model):

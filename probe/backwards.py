@@ -42,7 +42,7 @@ class Backwards(Generic[L]):
 
     __slots__ = ("last", "phase", "_stepped", "_first", "_observed", "armed", "lossy",
                  "_ledgers", "_site_bws", "_site_ids", "roots", "roots_bw", "held",
-                 "phase_began", "_walked", "retained", "through")
+                 "phase_began", "_walked", "retained", "through", "single")
 
     def __init__(self, held: Mapping[Any, Any] | None = None) -> None:
         self.last = 0
@@ -61,6 +61,8 @@ class Backwards(Generic[L]):
         """Ledgers that take their gradients after each backward until their next step: a
         reset threw contributions away (see :mod:`gradwatch.probe.deliberate`)."""
         self._ledgers = 0
+        self.single = True
+        """One ledger in the session: nothing can leak, :meth:`claim` records nothing."""
         self._site_bws: list[int] = []
         self._site_ids: list[int] = []
         """Where backwards were called, as runs: from backward ``_site_bws[i]`` on, site
@@ -89,6 +91,7 @@ class Backwards(Generic[L]):
     def join(self) -> int:
         """A ledger joins the session: its uid."""
         self._ledgers += 1
+        self.single = self._ledgers < 2
         return self._ledgers - 1
 
     def begin(self, site: int = 0, roots: Any = None, tensors: Any = None) -> int:

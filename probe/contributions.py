@@ -13,6 +13,9 @@ only when a path needs them per parameter, so the usual step never touches them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any
 
 import torch
@@ -23,6 +26,10 @@ from gradwatch.probe.handresets import ArmedBackward, HandResets
 from gradwatch.probe.norms import Grads, values
 from gradwatch.probe.shards import GradReader
 
+_removed = attrgetter("removed")
+_new_reset = partial(tuple.__new__, ResetFact)
+"""``ResetFact`` from a tuple of all its fields, with no Python frame (its ``__new__`` is
+one): the usual reset makes one per step."""
 _MAX_PENDING = 4096
 """Resets kept for an optimizer's next step (see :meth:`Contributions._pend`)."""
 
@@ -182,11 +189,15 @@ class Contributions:
         if self.incoming or self.hits:
             self.fold()
         lazy, self.lazy_old = self.lazy_old, []
-        self.hand.forget()
+        hand = self.hand  # (HandResets.forget, inlined: nothing to compare with any more)
+        hand.held, hand.ready = None, True
         if self.old_sites:
             self.old_sites = set()
-        if not self.dirty:
-            self._pend(ResetFact(how, (), (), lazy, site))
+        if not self.dirty:  # the usual reset, once a step: it removed nothing to judge
+            pending = self.pending
+            pending.append(_new_reset((how, (), (), lazy, site, False)))
+            if len(pending) > _MAX_PENDING:
+                self._pend(pending.pop())  # (trims as :meth:`_pend` does)
             return
         old, new = self.old, self.new
         ks = [k for k, (o, nw) in enumerate(zip(old, new, strict=True)) if o or nw]
@@ -235,19 +246,35 @@ class Contributions:
         apply."""
         return not (self.dirty or self.lazy_old or self.hand.backwards)
 
-    def take_textbook(self, uid: int) -> Hits | None:
-        """The textbook step's take: the hooks' list as it is, when it holds the last
-        backward's marker, then its contributions, and nothing leaked. Else None, changing
-        nothing."""
+    def take_textbook(self, uid: int, grads: Grads
+                      ) -> tuple[Hits, list[ResetFact]] | None:
+        """The textbook step's take, when every gradient of ``grads`` exists and holds only
+        fresh content (settled), no reset since removed anything, and the hooks' list holds
+        the last backward's marker, then its contributions, none leaked: that list as it
+        is and the resets since the last step, handed over, and ``grads`` marked consumed
+        (as :meth:`take_resets` and :meth:`consumed`). Else None, changing nothing.
+
+        The usual step's whole accounting in one frame (it runs on the training thread at
+        every step): each test reads a field, and nothing is re-read by the steps above.
+        """
         raw = self.incoming
-        if (len(raw) > 1 and type(h0 := raw[0]) is int and h0 == -self.backwards.last
-                and not self.hits and self.backwards.claim(uid, (-h0,))):
-            hits = raw.copy()
-            raw.clear()  # in place: the hooks hold its append
-            self.cur_bw = -h0
-            self.lazy_old.append(hits)
-            return hits
-        return None
+        if (self.dirty or self.lazy_old or self.hits or len(raw) < 2
+                or self.hand.backwards or any(map(_removed, self.pending))
+                or any(map(is_, grads, repeat(None)))):
+            return None
+        h0 = raw[0]
+        backwards = self.backwards
+        if type(h0) is not int or h0 != -backwards.last or not (
+                backwards.single or backwards.claim(uid, (-h0,))):
+            return None
+        hits = raw.copy()
+        raw.clear()  # in place: the hooks hold its append
+        self.cur_bw = -h0
+        self.lazy_old.append(hits)
+        resets, self.pending = self.pending, []
+        hand = self.hand  # (HandResets.hold, inlined: its identities taken if ever needed)
+        hand.held, hand.ready, hand.pre_check = grads, False, None
+        return hits, resets
 
     def take_bulk(self, uid: int, tally: StepTally) -> bool:
         """No gradient holds consumed content: count the hits (pulled) in bulk into

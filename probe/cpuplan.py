@@ -138,10 +138,11 @@ class CpuPlan:
     def _grouped(self, grads: list[torch.Tensor]) -> torch.Tensor:
         pieces = []
         for ks, (buf, res) in zip(self.groups, self.buffers, strict=True):
-            n = len(buf)
+            n = buf.shape[0]  # (``len`` of a tensor and a comprehension are Python frames)
             shape, dtype = buf.shape[1:], buf.dtype
+            at = grads.__getitem__
             for i in range(0, len(ks), n):
-                part = [grads[k] for k in ks[i:i + n]]
+                part = list(map(at, ks[i:i + n]))
                 # ``out=`` would resize rather than fail, or copy across devices (a sync),
                 # so the first is checked here (stack fails on the others if their shape or
                 # device differs from it); another float dtype among the others is read at

@@ -47,7 +47,8 @@ class HandResets:
         self.pre_check: PreCheck | None = None
 
     def hold(self, grads: list[torch.Tensor | None]) -> None:
-        """A step consumed ``grads``: their identities are taken lazily, if ever needed."""
+        """A step consumed ``grads``: their identities are taken lazily, if ever needed.
+        (The textbook step does the same inline, :meth:`Contributions.take_textbook`.)"""
         self.held = grads
         self.ready = False
         self.pre_check = None
@@ -66,7 +67,8 @@ class HandResets:
         self.ready = True
 
     def forget(self) -> None:
-        """After a zero_grad: nothing to compare with any more."""
+        """After a zero_grad: nothing to compare with any more. (The usual reset does the
+        same inline, :meth:`Contributions.reset_all`.)"""
         self.held = None
         self.ready = True
 

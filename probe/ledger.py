@@ -28,7 +28,7 @@ goes parameter by parameter.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import repeat
 from operator import attrgetter, is_
@@ -54,6 +54,8 @@ from gradwatch.probe.norms import Grads, NormSchedule
 from gradwatch.probe.shards import GradReader
 
 _removed = attrgetter("removed")
+_grad = attrgetter("grad")
+_now = time.time
 _NO_LOSSES: dict[str, ResetLoss] = {}
 _NO_PARAMS: frozenset[int] = frozenset()
 """Shared, never written: what a step with no reset to judge hands over."""
@@ -123,9 +125,10 @@ class Ledger:
     # ---------------------------------------------------------------- torch's events
     def after_zero_grad(self, site: int = 0) -> None:
         """``Optimizer.zero_grad`` (called at ``site``) reset every parameter."""
-        self.norms.reset()
+        if self.norms.began:  # (else it holds no fresh part: nothing to throw away)
+            self.norms.reset()
         self.contents.reset_all("optimizer_zero_grad", site)
-        self.backwards.disarm(self)
+        self.backwards.armed.discard(self)
         self.reset_site = site
 
     def after_module_zero_grad(self, ks: Sequence[int], site: int = 0,
@@ -141,6 +144,12 @@ class Ledger:
     def phase_began(self) -> None:
         """The first backward after a step (any optimizer's) starts."""
         self.deliberate.phase_began()
+
+    @property
+    def on_phase(self) -> Callable[[], None]:
+        """:meth:`phase_began`'s work as one bound callable, for the tracker to call at each
+        phase's first backward with no frame of the ledger's own."""
+        return self.deliberate.phase_began
 
     def backward_begins(self, bw: int) -> ArmedBackward | None:
         """Backward ``bw`` starts while this ledger is armed or lossy: an armed one takes the
@@ -187,22 +196,30 @@ class Ledger:
         of :meth:`finalize`.
         """
         contents = self.contents
-        if contents.settled() and not any(map(_removed, contents.pending)):
-            grads = self.reader.grads(self.params)
-            if not any(map(is_, grads, repeat(None))):
-                hits = contents.take_textbook(self.uid)
-                if hits is not None:
-                    facts = TextbookStep(time.time(), self.name, self.step,
-                                         contents.take_resets(), contents.index, hits,
-                                         self.norms.due(self.step, grads, [], [], False))
-                    self._mark(grads)
-                    self._advance()
-                    return facts
-                contents.pull()
-                if contents.take_bulk(self.uid, self.tally):
-                    self._sample_and_mark(grads, [], [], False)
-                    return self._close(False, _NO_LOSSES, _NO_PARAMS, _NO_PARAMS)
-        self.consume()
+        reader = self.reader
+        grads = reader.grads(self.params) if reader.sharded else list(map(_grad, self.params))
+        took = contents.take_textbook(self.uid, grads)
+        if took is not None:
+            norms = self.norms
+            facts = TextbookStep(_now(), self.name, self.step, took[1], contents.index,
+                                 took[0], norms.due(self.step, grads, [], [], False)
+                                 if norms.every else None)
+            backwards = self.backwards
+            backwards.armed.add(self)  # (:meth:`_mark` and :meth:`_advance`, inlined)
+            self.step += 1
+            self.in_step = False
+            backwards.stepped()
+            if backwards.lossy and self in backwards.lossy:
+                backwards.lossy.discard(self)
+                self.deliberate.forget()
+            return facts
+        if contents.settled() and not any(map(_removed, contents.pending)) and not any(
+                map(is_, grads, repeat(None))):
+            contents.pull()
+            if contents.take_bulk(self.uid, self.tally):
+                self._sample_and_mark(grads, [], [], False)
+                return self._close(False, _NO_LOSSES, _NO_PARAMS, _NO_PARAMS)
+        self.consume(grads=grads)
         return self.finalize(skipped=False)
 
     def open_closure_step(self) -> None:
@@ -224,11 +241,13 @@ class Ledger:
             self.tally.norms = norms
         return self.finalize(skipped=True)
 
-    def consume(self, closure: bool = False) -> None:
-        """The general way: count what the optimizer reads now; mark it consumed."""
+    def consume(self, closure: bool = False, grads: Grads | None = None) -> None:
+        """The general way: count what the optimizer reads now (``grads``, when the caller
+        read them already); mark it consumed."""
         contents = self.contents
         contents.pull()
-        grads = self.reader.grads(self.params)
+        if grads is None:
+            grads = self.reader.grads(self.params)
         missing = any(map(is_, grads, repeat(None)))
         zero: list[int] = []
         mixed: list[tuple[int, int]] = []

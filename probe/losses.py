@@ -123,7 +123,13 @@ class Roots:
             return
         try:
             waiting = self._waiting
-            waiting[bw] = capture_roots(tensors)
+            t = tensors
+            if (type(t) is _Tensor and t.is_cpu and t.numel() == 1 and t.is_floating_point()
+                    and getattr(t, UNSCALED, None) is None):
+                # the usual loss, read here (as :func:`capture` reads it): no frame more
+                waiting[bw] = [t.item()]  # a floating-point tensor's item() is a float
+            else:
+                waiting[bw] = capture_roots(tensors)
             if len(waiting) > _KEEP:
                 del waiting[next(iter(waiting))]
         except Exception:  # noqa: BLE001 - never raise into the training loop

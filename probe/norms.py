@@ -39,7 +39,7 @@ class NormSchedule:
     path, the fresh part its gradients hold (:class:`FreshPart`). Owned by its ledger."""
 
     __slots__ = ("opt", "every", "plan", "planned", "fresh", "stale_seen", "quiet",
-                 "measuring")
+                 "measuring", "began")
 
     def __init__(self, opt: torch.optim.Optimizer, every: int, reader: GradReader) -> None:
         self.opt = opt
@@ -57,6 +57,9 @@ class NormSchedule:
         its fresh part is not measured unless it re-applies old gradients."""
         self.measuring = False
         """A backward is being measured (:meth:`backward_begins`)."""
+        self.began = False
+        """A fresh part was measured since it was last cleared: only then can
+        :attr:`fresh` hold one (the usual step and reset skip asking it)."""
 
     def due(self, step: int, grads: Grads, zero: list[int],
             mixed: list[tuple[int, int]], missing: bool) -> Norms:
@@ -72,14 +75,27 @@ class NormSchedule:
                 self.planned = True
             plan = self.plan
             scale = getattr(self.opt, "grad_scale", None)
-            # The usual CPU step, all fresh, read at once; groups go through ``sample``,
-            # whose grad mode is off (their ``out=`` buffers refuse a create_graph grad).
+            # The usual CPU step, all fresh, read at once; groups with grad mode off, as
+            # ``sample`` does (their ``out=`` buffers refuse a create_graph grad).
             if (plan is not None and scale is None
-                    and not (plan.groups or plan.failed or missing or zero or mixed)):
-                norms = plan.read(grads)  # type: ignore[arg-type]  # no None in them
+                    and not (plan.failed or missing or zero or mixed)):
+                if not plan.groups:
+                    norms = plan.read(grads)  # type: ignore[arg-type]  # no None in them
+                else:  # (``sample``'s way for this case, without its three frames)
+                    enabled = _grad_enabled()
+                    if enabled:
+                        _set_grad_enabled(False)
+                    try:
+                        got = plan.norms(grads)  # type: ignore[arg-type]  # no None
+                    finally:
+                        if enabled:
+                            _set_grad_enabled(True)
+                    norms = None if got is None else got.tolist()
             if norms is None:
                 norms = sample(grads, scale, zero, mixed, self.fresh, missing, plan)
-        self.fresh.clear()
+        if self.began:
+            self.began = False
+            self.fresh.clear()
         return norms
 
     def saw_stale(self) -> None:
@@ -95,12 +111,13 @@ class NormSchedule:
         every = self.every
         if every and step % every == 0 and (self.stale_seen or not self.quiet):
             self.fresh.begin(params, old)
-            self.measuring = True
+            self.measuring = self.began = True
 
     def reset(self) -> None:
         """Every gradient was reset: a fresh part measured since is thrown away with them."""
-        if self.fresh.holding():
+        if self.began and self.fresh.holding():
             self.quiet = True
+            self.began = False
             self.fresh.clear()
 
     def backward_ends(self, params: Sequence[torch.Tensor]) -> None:

@@ -130,11 +130,16 @@ def _make_backward(orig: Any) -> Any:
         active = _active
         if not active or _graph_task_id() != -1:  # nested: part of the running backward
             return orig(*args, **kwargs)
-        if reach.due():  # a sampled backward: the leaves it writes grads to (issue 20)
-            reach.walk(active, args, kwargs)
+        if next(reach.ticks) == reach.walk_at:  # (reach.due, inlined: once a backward)
+            reach.walk(active, args, kwargs)  # sampled: the leaves it writes grads to
         armed = None  # a list only when some tracker is armed (no list per backward)
-        roots = _roots(args, kwargs)
-        tensors = args[0] if args else kwargs.get("tensors")
+        if len(args) == 4 and not args[2] and not args[3]:
+            # ``Tensor.backward()``'s own call (tensors, gradient, retain_graph,
+            # create_graph), the graph not kept: :func:`_roots` without its frame
+            roots = tensors = args[0]
+        else:
+            roots = _roots(args, kwargs)
+            tensors = args[0] if args else kwargs.get("tensors")
         for t in active:
             if (a := t.begin(roots, tensors)) is not None:
                 if armed is None:

@@ -16,6 +16,7 @@ reached only inside such a segment are not found.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -31,29 +32,31 @@ EVERY = 64
 _MAX_NODES = 200_000
 """Graph nodes visited at most per walk (a larger graph's other leaves wait for another)."""
 
-_count = 0
-_next = 1
+ticks = itertools.count(1)
+"""Numbers the backwards of the session (``next(ticks)``, a C call: no frame per backward)."""
+walk_at = 1
+"""The number of the next backward to walk."""
 
 
 def restart() -> None:
     """A session starts: sample its first backwards again."""
-    global _count, _next
-    _count, _next = 0, 1
+    global ticks, walk_at
+    ticks, walk_at = itertools.count(1), 1
 
 
 def due() -> bool:
-    """Count a backward; whether it is one to walk (then :func:`walk` must follow)."""
-    global _count
-    _count += 1
-    return _count == _next
+    """Count a backward; whether it is one to walk (then :func:`walk` must follow). The
+    backward wrapper does the same inline, ``next(reach.ticks) == reach.walk_at``."""
+    return next(ticks) == walk_at
 
 
 def walk(trackers: Sequence[Tracker], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Walk the graph of the backward called with ``args``/``kwargs`` (those of
-    ``torch.autograd.backward``) and hand its leaves to each tracker."""
-    global _next
-    c = _count
-    _next = c + 1 if c < FIRST else (c // EVERY + 1) * EVERY
+    ``torch.autograd.backward``), the one :func:`due` just counted, and hand its leaves to
+    each tracker."""
+    global walk_at
+    c = walk_at
+    walk_at = c + 1 if c < FIRST else (c // EVERY + 1) * EVERY
     try:
         found = leaves(_tensors(args[0] if args else kwargs.get("tensors")),
                        args[5] if len(args) > 5 else kwargs.get("inputs"))

@@ -80,7 +80,8 @@ class Tracker:
     __slots__ = ("on", "backwards", "ledgers", "marks", "by_param", "handles", "own_hooks",
                  "post_hooked", "unhooked", "emit", "norms_every", "namer", "auto",
                  "on_disable", "disabled", "step_count", "_names_taken", "labeler", "labels",
-                 "sites", "shared", "unowned", "holdings", "roots", "last_step", "unlabelled")
+                 "sites", "shared", "unowned", "holdings", "roots", "last_step", "unlabelled",
+                 "phase_starts")
 
     def __init__(self, emit: Emit, *, norms_every: int = 1, namer: Namer | None = None,
                  auto: bool = False, on_disable: Callable[[str], None] | None = None,
@@ -92,6 +93,8 @@ class Tracker:
         self.ledgers: dict[torch.optim.Optimizer, Ledger] = {}
         self.marks: list[Callable[[int], None]] = []
         """Each ledger's ``incoming.append``: where a backward's marker goes."""
+        self.phase_starts: list[Callable[[], None]] = []
+        """Each ledger's :attr:`~Ledger.on_phase`: what a phase's first backward calls."""
         self.shared: set[Ledger] = set()
         """Ledgers holding a parameter another ledger holds too (SAM and its base
         optimizer, under ``gradwatch run``)."""
@@ -156,6 +159,7 @@ class Tracker:
             self.unlabelled.add(led)
         self.ledgers[opt] = led
         self.marks.append(led.incoming.append)
+        self.phase_starts.append(led.on_phase)
         self._track(led, range(len(params)))
         if not isinstance(opt, ManualUpdates):  # idle_optimizer: does it ever hold a grad?
             self.holdings.watch(led)
@@ -267,8 +271,8 @@ class Tracker:
             bw = b.begin(self.sites.here("backward"), roots, tensors)
             self.roots.note(bw, tensors)
             if b.phase_began:
-                for led in self.ledgers.values():
-                    led.phase_began()
+                for began in self.phase_starts:
+                    began()
             if not bw % _CHECK_EVERY:
                 for led in self.ledgers.values():
                     led.fold_if_over(_MAX_HITS)

@@ -141,12 +141,14 @@ class Unowned:
     # ---------------------------------------------------------------- walks
     def reached(self, leaves: list[torch.Tensor]) -> None:
         """A sampled walk found ``leaves`` (the backward about to run writes their grads)."""
-        owned = self.owned
+        # the watched parameters by id: ``t in self.owned`` would call the Python-level
+        # ``Tensor.__hash__`` once per leaf (a walk meets every parameter)
+        owned = set(map(id, self.owned))
         bw = self.backwards.last + 1
         steps, real = self.steps.n, self._real_steps()
         hit = False
         for t in leaves:
-            if t in owned:
+            if id(t) in owned:
                 if id(t) in self.plain:
                     self.plain[id(t)] = (self.plain[id(t)][0], bw)
                 continue

@@ -1,0 +1,157 @@
+"""The probe's Python work per judged step, counted: calls, not time (the same on any machine).
+
+A training step (``zero_grad``, forward, backward, ``step``) runs under ``sys.setprofile``,
+which sees every Python function the training thread enters (``call``) and every C function
+Python code calls (``c_call``). The count per step, with the probe watching minus the bare
+loop, is the probe's own work on the training thread; it is split by phase (the four parts
+of the step) and, with ``--list``, by function: every Python function the probe adds to one
+step, with its count. On the CPU the autograd engine runs the per-parameter hooks on the
+calling thread, so they are seen too (the probe's hooks are bound ``list.append``: no
+Python frame, and no ``c_call`` either, since the engine calls them from C++).
+
+The steady state is what is counted: after ``--warm`` steps (the session's first backwards
+walk the graph, :mod:`gradwatch.probe.reach`, and its first steps check whether the
+optimizer ever holds a gradient), ``--steps`` steps, averaged; a sampled graph walk (one
+backward in 64) lands in them as a fraction.
+
+Run: ``python bench/calls.py [--steps N] [--warm N] [--list] [--previous CHECKOUT]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+
+import gradwatch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from previous import Previous  # noqa: E402 - a module beside this script
+from probe_overhead import Make, _many, _mlp  # noqa: E402 - the same two models
+
+PHASES = ("zero_grad", "forward", "backward", "step")
+
+
+class Counts:
+    """Calls seen per phase, and per Python function (``file:line name``)."""
+
+    def __init__(self) -> None:
+        self.phase = 0
+        self.py = [0] * len(PHASES)
+        self.c = [0] * len(PHASES)
+        self.by_fn: collections.Counter[tuple[int, str]] = collections.Counter()
+
+    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call":
+            self.py[self.phase] += 1
+            code = frame.f_code
+            self.by_fn[(self.phase, f"{Path(code.co_filename).name}:{code.co_firstlineno} "
+                        f"{code.co_qualname}")] += 1
+        elif event == "c_call":
+            self.c[self.phase] += 1
+            self.by_fn[(self.phase, f"[C] {getattr(arg, '__qualname__', arg)}")] += 1
+
+
+def count(make: Make, watch: Callable[[torch.optim.Optimizer], Any] | None, steps: int,
+          warm: int) -> Counts:
+    """Calls per ``steps`` steps after ``warm`` steps, with ``watch(opt)`` attached (None:
+    the bare loop)."""
+    torch.manual_seed(0)
+    model, x, y = make()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    loss_fn = torch.nn.functional.cross_entropy
+    handle = watch(opt) if watch is not None else None
+    counts = Counts()
+
+    def step() -> None:  # the same statements as the bench's loop, phase by phase
+        counts.phase = 0
+        opt.zero_grad()
+        counts.phase = 1
+        loss = loss_fn(model(x), y)
+        counts.phase = 2
+        loss.backward()
+        counts.phase = 3
+        opt.step()
+
+    for _ in range(warm):
+        step()
+    sys.setprofile(counts.profile)
+    try:
+        for _ in range(steps):
+            step()
+    finally:
+        sys.setprofile(None)
+    if handle is not None:
+        handle.close()
+    return counts
+
+
+def _watcher(gw: Any, stem: Path, every: int) -> Callable[[torch.optim.Optimizer], Any]:
+    """``gw.watch`` (this release's or the previous one's) with its own step log."""
+    def watch(opt: torch.optim.Optimizer) -> Any:
+        return gw.watch(opt, log=stem.with_suffix(".jsonl"), norms_every=every)
+
+    return watch
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--warm", type=int, default=20)
+    ap.add_argument("--list", action="store_true",
+                    help="every function the probe adds to a step, per model and mode")
+    ap.add_argument("--previous", type=Path, default=None, metavar="CHECKOUT",
+                    help="also count the previous release (a checkout of it)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        previous = None if args.previous is None else Previous(args.previous, tmp)
+        releases: list[tuple[str, Callable[[], contextlib.AbstractContextManager[Any]]]] = [
+            ("this", _nothing)]
+        if previous is not None:
+            releases.append(("previous", previous.active))
+        print(f"calls per judged step, probe minus bare loop ({args.steps} steps after "
+              f"{args.warm}): Python / C, total then by phase ({' / '.join(PHASES)})")
+        for mname, make in (("MLP", _mlp), ("many-tensor", _many)):
+            bare = count(make, None, args.steps, args.warm)
+            for rel, active in releases:
+                for mode, every in (("judging", 0), ("norms", 1)):
+                    with active() as g:
+                        c = count(make, _watcher(gradwatch if g is None else g,
+                                                 tmp / f"{mname}-{rel}-{mode}", every),
+                                  args.steps, args.warm)
+                    py = [(a - b) / args.steps for a, b in zip(c.py, bare.py, strict=True)]
+                    cc = [(a - b) / args.steps for a, b in zip(c.c, bare.c, strict=True)]
+                    print(f"  {mname:12s} {mode:8s} {rel:8s} {sum(py):6.1f} / {sum(cc):6.1f}"
+                          f"   ({' / '.join(f'{p:.1f}' for p in py)})"
+                          f"   ({' / '.join(f'{p:.1f}' for p in cc)})")
+                    if args.list and rel == "this":
+                        _listing(c, bare, args.steps)
+
+
+def _listing(c: Counts, bare: Counts, steps: int) -> None:
+    print("    the probe's calls per step, by phase (count per step):")
+    for ph, name in enumerate(PHASES):
+        extra = {fn: (v - bare.by_fn.get((p, fn), 0)) / steps
+                 for (p, fn), v in c.by_fn.items() if p == ph}
+        for fn, v in sorted(extra.items(), key=lambda kv: (-kv[1], kv[0])):
+            if abs(v) >= 0.01:
+                print(f"      {name:9s} {v:6.2f}  {fn}")
+
+
+if __name__ == "__main__":
+    main()
