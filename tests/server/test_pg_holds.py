@@ -1,6 +1,7 @@
 """Servers sharing a PostgreSQL database mark a run interrupted only when no server holds
 its stream (server/pgholds.py): a server starting beside a live stream leaves it live, and
-a server whose connection of a run dropped leaves it to the server the probe moved to."""
+a server whose connection of a run dropped leaves it to the server the probe moved to.
+And a row two servers add at once (a reset set) is kept once, neither batch refused."""
 
 from __future__ import annotations
 
