@@ -369,4 +369,5 @@ class Store:
             st.status = st.final_status() or "interrupted"
             self._conn.execute("UPDATE runs SET status=? WHERE rid=?", (st.status, st.rid))
             self._runs.wrote(st)
-        self.database.release(self._conn, run_id)
+        with contextlib.suppress(self._error):  # stored whole already: a lost hold is gone
+            self.database.release(self._conn, run_id)

@@ -45,10 +45,16 @@ class ResetSets:
         if i is None:
             row = conn.execute("SELECT id FROM reset_sets WHERE body=?", (body,)).fetchone()
             if row is None:
-                cur = conn.execute("INSERT INTO reset_sets(body, summary) VALUES(?,?)",
-                                   (body, summary))
-                assert cur.lastrowid is not None
-                i = cur.lastrowid
+                # Another server sharing the database may add the same body meanwhile: it
+                # is kept once, and this server reads back that row.
+                cur = conn.execute("INSERT OR IGNORE INTO reset_sets(body, summary) "
+                                   "VALUES(?,?)", (body, summary))
+                if cur.rowcount == 1 and cur.lastrowid is not None:
+                    i = cur.lastrowid
+                else:
+                    row = conn.execute("SELECT id FROM reset_sets WHERE body=?",
+                                       (body,)).fetchone()
+                    i = int(row[0])
             else:
                 i = int(row[0])
             if len(self._ids) > 100_000:

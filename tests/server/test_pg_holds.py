@@ -1,6 +1,7 @@
 """Servers sharing a PostgreSQL database mark a run interrupted only when no server holds
 its stream (server/pgholds.py): a server starting beside a live stream leaves it live, and
-a server whose connection of a run dropped leaves it to the server the probe moved to."""
+a server whose connection of a run dropped leaves it to the server the probe moved to.
+And a row two servers add at once (a reset set) is kept once, neither batch refused."""
 
 from __future__ import annotations
 
@@ -127,3 +128,33 @@ def test_a_run_whose_server_died_reads_interrupted_on_the_servers_still_running(
         c.kill9()
         b.stop()
         a.stop()
+
+
+def test_servers_adding_the_same_reset_set_at_once_keep_it_once(pg_cluster: Any) -> None:
+    """Another server's transaction adds the reset set a batch needs and commits while
+    this server's insert waits on it: the batch is stored on that row, not refused."""
+    url = pg_cluster.new_database()
+    recs = synth.records(steps=5)
+    first = Store(url)  # the body of the steps' reset set, as a server stores it
+    first.start()
+    first.call(first.ingest, batch_of_records("probe", 0, synth.records("probe", steps=5)))
+    first.close()
+    with psycopg.connect(url, autocommit=True) as c:
+        body, summary = c.execute("SELECT body, summary FROM reset_sets").fetchone()
+        c.execute("DELETE FROM reset_sets")
+    s = Store(url)
+    s.start()
+    other = psycopg.connect(url)  # another server, mid-transaction
+    try:
+        other.execute("INSERT INTO reset_sets(body, summary) VALUES(%s, %s)", (body, summary))
+        stored = s.submit(s.ingest, batch_of_records("run1", 0, recs))
+        time.sleep(0.5)  # the writer now waits on the other transaction's row
+        other.commit()
+        assert stored.result(30).ack == len(recs) - 1
+        with psycopg.connect(url) as c:
+            assert c.execute("SELECT count(*) FROM reset_sets").fetchone() == (1,)
+        got = s.reader.steps("run1", max_points=100)
+        assert got is not None and len(got.rows) == 5
+    finally:
+        other.close()
+        s.close()
