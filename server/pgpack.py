@@ -40,12 +40,21 @@ PARAM_COLUMNS = (("pstep", "step", "BIGINT"), ("pnorms", "norms", "BYTEA"),
 
 _STEP_NAMES = ", ".join(c for c, _ in STEP_COLUMNS)
 _STEP_ARRAYS = ", ".join(f"p.{c}" for c, _ in STEP_COLUMNS)
-_PSTEP = "coalesce(p.pstep, p.step)"
+_FULL = f"ARRAY(SELECT generate_series(p.chunk * {CHUNK}, p.chunk * {CHUNK} + {CHUNK - 1}))"
+_ALL = f"coalesce(p.step, {_FULL})"
+"""A pack's steps: its ``step`` array is NULL when they are every step of the chunk (the
+usual case), derived here."""
+_STEP = f"coalesce(u.step, p.chunk * {CHUNK} + u.i - 1)"
+"""A packed row's step: its place in the chunk when the pack's ``step`` is NULL."""
+_PSTEP = f"coalesce(p.pstep, {_ALL})"
 """A pack's steps with per-parameter norms: ``pstep`` is NULL when they are all its
 steps (the usual case), ``{}`` when none."""
 _PARAM_ARRAYS = ", ".join([_PSTEP] + [f"p.{a}" for a, _, _ in PARAM_COLUMNS[1:]])
-_PACKED_STEPS = (f"SELECT p.sid, u.* FROM step_packs p CROSS JOIN LATERAL "
-                 f"unnest({_STEP_ARRAYS}) AS u({_STEP_NAMES})")
+_PACKED_STEPS = (
+    f"SELECT p.sid, {_STEP} AS step, {_STEP} + coalesce(u.seq, p.dseq) AS seq, "
+    + ", ".join(f"u.{c}" for c, _ in STEP_COLUMNS[2:])
+    + f" FROM step_packs p CROSS JOIN LATERAL unnest({_STEP_ARRAYS}) WITH ORDINALITY"
+    f" AS u({_STEP_NAMES}, i)")
 _PACKED_PARAMS = ("SELECT p.sid, u.* FROM step_packs p CROSS JOIN LATERAL "
                   f"unnest({_PARAM_ARRAYS}) AS u(step, norms, fresh)")
 _MAX = 9223372036854775807
@@ -80,7 +89,8 @@ def _reads(view: str, table: str, packed: str) -> str:
 CREATE FUNCTION gw_{view}_{fn}(s BIGINT, {args}) RETURNS SETOF {view}
 LANGUAGE sql STABLE AS $$
   SELECT * FROM {table} WHERE sid = s AND step {rows}
-  UNION ALL {packed} WHERE p.sid = s AND p.chunk {chunks} AND u.step {rows}
+  UNION ALL SELECT * FROM ({packed} WHERE p.sid = s AND p.chunk {chunks}) q
+  WHERE step {rows}
 $$;"""
     return out
 
@@ -94,25 +104,56 @@ def _agg(column: str, name: str | None = None) -> str:
     return f"{agg} AS {name or column}"
 
 
+_R_ARGS = ", ".join([f"r_{c}" for c, _ in STEP_COLUMNS]
+                    + [f"r_{a}" for a, _, _ in PARAM_COLUMNS])
+_R_PARAMS = ", ".join([f"r_{c} {t}[]" for c, t in STEP_COLUMNS]
+                      + [f"r_{a} {t}[]" for a, _, t in PARAM_COLUMNS])
+
+
+def _put_pack() -> str:
+    """``gw_put_pack``: store one chunk's rows (its columns as arrays in step order) as
+    its pack, replacing any: ``step`` NULL when every step of the chunk is there (``{}``
+    when none is), ``seq`` as seq - step, NULL and ``dseq`` when that is one value."""
+    full = f"ARRAY(SELECT generate_series(c * {CHUNK}, c * {CHUNK} + {CHUNK - 1}))"
+    return f"""
+CREATE FUNCTION gw_put_pack(s BIGINT, c BIGINT, {_R_PARAMS}) RETURNS VOID
+LANGUAGE sql AS $$
+  INSERT INTO step_packs SELECT s, c, CASE WHEN k.one THEN k.d[1] END,
+    CASE WHEN r_step IS NULL THEN '{{}}' WHEN r_step = {full} THEN NULL ELSE r_step END,
+    CASE WHEN k.one THEN NULL ELSE k.d END,
+    {", ".join(f"r_{c}" for c, _ in STEP_COLUMNS[2:])},
+    CASE WHEN r_pnorms IS NULL THEN '{{}}' WHEN r_pstep = r_step THEN NULL
+    ELSE r_pstep END, r_pnorms, r_pfresh
+  FROM (SELECT d, (SELECT count(DISTINCT x) = 1 FROM unnest(d) x) AS one FROM
+    (SELECT ARRAY(SELECT q - v FROM unnest(r_seq, r_step) WITH ORDINALITY AS u(q, v, i)
+     ORDER BY i) AS d) z) k
+  ON CONFLICT (sid, chunk) DO UPDATE SET dseq = EXCLUDED.dseq,
+    {", ".join(f"{c} = EXCLUDED.{c}" for c, _ in STEP_COLUMNS)},
+    {", ".join(f"{a} = EXCLUDED.{a}" for a, _, _ in PARAM_COLUMNS)};
+$$;"""
+
+
 SCHEMA_6 = f"""
 ALTER TABLE steps RENAME TO step_rows;
 ALTER INDEX steps_pkey RENAME TO step_rows_pkey;
 ALTER TABLE param_norms RENAME TO param_rows;
 ALTER INDEX param_norms_pkey RENAME TO param_rows_pkey;
 CREATE TABLE step_packs(
-  sid BIGINT, chunk BIGINT,
+  sid BIGINT, chunk BIGINT, dseq BIGINT,
   {", ".join(f"{c} {t}[]" for c, t in STEP_COLUMNS)},
   {", ".join(f"{a} {t}[]" for a, _, t in PARAM_COLUMNS)},
   PRIMARY KEY(sid, chunk));
 -- step_packs: the steps of one summarised chunk (chunk = step / {CHUNK}), each column an
--- array in step order; pstep/pnorms/pfresh: its param_norms rows (pstep NULL: at every
--- step; '{{}}' and pnorms NULL: none kept).
+-- array in step order, but step NULL when they are every step of the chunk, and seq
+-- holding seq - step, NULL when that is the same at every step: dseq; pstep/pnorms/pfresh:
+-- its param_norms rows (pstep NULL: at every step; '{{}}' and pnorms NULL: none kept).
 CREATE VIEW steps AS SELECT * FROM step_rows UNION ALL {_PACKED_STEPS};
 CREATE VIEW param_norms AS SELECT * FROM param_rows UNION ALL {_PACKED_PARAMS};
 {_reads("steps", "step_rows", _PACKED_STEPS)}
 {_reads("param_norms", "param_rows", _PACKED_PARAMS)}
-{_ends("step_rows", "p.step", "TRUE", "gw_first_step", "min", "")}
-{_ends("step_rows", "p.step", "TRUE", "gw_last_step", "max", "DESC")}
+{_ends("step_rows", _ALL, "TRUE", "gw_first_step", "min", "")}
+{_ends("step_rows", _ALL, "TRUE", "gw_last_step", "max", "DESC")}
+{_put_pack()}
 {_ends("param_rows", _PSTEP, "p.pnorms IS NOT NULL", "gw_first_param", "min", "")}
 {_ends("param_rows", _PSTEP, "p.pnorms IS NOT NULL", "gw_last_param", "max", "DESC")}
 CREATE FUNCTION gw_pack(s BIGINT, c BIGINT) RETURNS VOID LANGUAGE plpgsql AS $$
@@ -124,23 +165,19 @@ BEGIN
      AND NOT EXISTS (SELECT 1 FROM param_rows WHERE sid = s AND step BETWEEN lo AND hi) THEN
     RETURN;
   END IF;
-  INSERT INTO step_packs SELECT s, c, a.*, CASE WHEN b.pnorms IS NULL THEN '{{}}'
-    WHEN b.pstep = a.step THEN NULL ELSE b.pstep END, b.pnorms, b.pfresh FROM
+  PERFORM gw_put_pack(s, c, {", ".join(f"a.{c}" for c, _ in STEP_COLUMNS)},
+    {", ".join(f"b.{a}" for a, _, _ in PARAM_COLUMNS)}) FROM
     (SELECT {", ".join(_agg(c) for c, _ in STEP_COLUMNS)}
      FROM gw_steps_in(s, lo, hi)) a,
     (SELECT {", ".join(_agg(c, a) for a, c, _ in PARAM_COLUMNS)}
-     FROM gw_param_norms_in(s, lo, hi)) b
-  ON CONFLICT (sid, chunk) DO UPDATE SET
-    {", ".join(f"{c} = EXCLUDED.{c}" for c, _ in STEP_COLUMNS)},
-    {", ".join(f"{a} = EXCLUDED.{a}" for a, _, _ in PARAM_COLUMNS)};
+     FROM gw_param_norms_in(s, lo, hi)) b;
   DELETE FROM step_rows WHERE sid = s AND step BETWEEN lo AND hi;
   DELETE FROM param_rows WHERE sid = s AND step BETWEEN lo AND hi;
 END $$;
 CREATE FUNCTION gw_put_agg(s BIGINT, c BIGINT, k BIGINT, a DOUBLE PRECISION, a_s BIGINT,
     b DOUBLE PRECISION, b_s BIGINT, d DOUBLE PRECISION, d_s BIGINT, e DOUBLE PRECISION,
     e_s BIGINT, f BIGINT, o BIGINT, g TEXT,
-    {", ".join(f"r_{c} {t}[]" for c, t in STEP_COLUMNS)},
-    {", ".join(f"r_{a} {t}[]" for a, _, t in PARAM_COLUMNS)}) RETURNS VOID
+    {_R_PARAMS}) RETURNS VOID
 LANGUAGE plpgsql AS $$
 DECLARE
   lo BIGINT := c * {CHUNK};
@@ -158,9 +195,7 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM param_rows WHERE sid = s AND step BETWEEN lo AND hi)
        AND NOT EXISTS (SELECT 1 FROM step_packs WHERE sid = s AND chunk = c) THEN
       -- the whole chunk came in this batch: packed without passing through step_rows
-      INSERT INTO step_packs VALUES(s, c, {", ".join(f"r_{c}" for c, _ in STEP_COLUMNS)},
-        CASE WHEN r_pnorms IS NULL THEN '{{}}' WHEN r_pstep = r_step THEN NULL
-        ELSE r_pstep END, r_pnorms, r_pfresh);
+      PERFORM gw_put_pack(s, c, {_R_ARGS});
       RETURN;
     END IF;
     INSERT INTO step_rows SELECT s, u.* FROM
