@@ -5,9 +5,10 @@ index entry each in ``steps`` and ``param_norms``, and fixed-width integers: mor
 twice SQLite's bytes per step. So once a chunk (:data:`server.db.CHUNK` steps of one
 series) is summarised, its rows move into one ``step_packs`` row of column arrays (the
 per-parameter norms as arrays of the same packed bytes), which PostgreSQL compresses
-(TOAST). The open chunk's rows stay one per step in ``step_rows`` / ``param_rows``, where
-the writer inserts them; ``steps`` and ``param_norms`` are views of both, so a statement
-reading whole series runs unchanged.
+(TOAST). The open chunk's rows stay one per step in ``step_rows`` (a step's per-parameter
+norms in its row: one table and one index for the open rows), where the writer inserts
+them; ``steps`` and ``param_norms`` are views of both, so a statement reading whole series
+runs unchanged.
 
 Reads of a step range must not unpack a whole series, so :func:`packed_form` writes the
 storage modules' range statements over functions that visit only the chunks in range
@@ -50,6 +51,10 @@ _PSTEP = f"coalesce(p.pstep, {_ALL})"
 """A pack's steps with per-parameter norms: ``pstep`` is NULL when they are all its
 steps (the usual case), ``{}`` when none."""
 _PARAM_ARRAYS = ", ".join([_PSTEP] + [f"p.{a}" for a, _, _ in PARAM_COLUMNS[1:]])
+_OPEN_STEPS = f"SELECT sid, {_STEP_NAMES} FROM step_rows WHERE "
+_OPEN_PARAMS = ("SELECT sid, step, pnorms AS norms, pfresh AS fresh FROM step_rows "
+                "WHERE pkept AND ")
+"""The open chunks' rows of ``steps`` / ``param_norms`` (a condition to follow)."""
 _PACKED_STEPS = (
     f"SELECT p.sid, {_STEP} AS step, {_STEP} + coalesce(u.seq, p.dseq) AS seq, "
     + ", ".join(f"u.{c}" for c, _ in STEP_COLUMNS[2:])
@@ -60,7 +65,7 @@ _PACKED_PARAMS = ("SELECT p.sid, u.* FROM step_packs p CROSS JOIN LATERAL "
 _MAX = 9223372036854775807
 
 
-def _ends(table: str, array: str, has: str, fn: str, agg: str, order: str) -> str:
+def _ends(where: str, array: str, has: str, fn: str, agg: str, order: str) -> str:
     """A function giving the first (or last) step of a series in [lo, hi]: from the
     open rows' index and the first (last) two packs in range (the one at ``lo``'s chunk
     may hold only steps below ``lo``; every step of the next is in range but for
@@ -68,7 +73,7 @@ def _ends(table: str, array: str, has: str, fn: str, agg: str, order: str) -> st
     return f"""
 CREATE FUNCTION {fn}(s BIGINT, lo BIGINT, hi BIGINT) RETURNS BIGINT LANGUAGE sql STABLE AS $$
   SELECT {agg}(x) FROM (
-    (SELECT step AS x FROM {table} WHERE sid = s AND step BETWEEN lo AND hi
+    (SELECT step AS x FROM step_rows WHERE {where}sid = s AND step BETWEEN lo AND hi
      ORDER BY step {order} LIMIT 1)
     UNION ALL
     (SELECT {agg}(u) FROM (SELECT {array} AS a FROM step_packs p WHERE sid = s AND chunk
@@ -76,7 +81,7 @@ CREATE FUNCTION {fn}(s BIGINT, lo BIGINT, hi BIGINT) RETURNS BIGINT LANGUAGE sql
      CROSS JOIN LATERAL unnest(p.a) u WHERE u BETWEEN lo AND hi)) q $$;"""
 
 
-def _reads(view: str, table: str, packed: str) -> str:
+def _reads(view: str, rows_of: str, packed: str) -> str:
     """The functions reading one series' rows of ``view`` in a step range (``_in``) and
     at listed steps (``_at``): the open rows by their index, the packs of those chunks."""
     out = ""
@@ -88,7 +93,7 @@ def _reads(view: str, table: str, packed: str) -> str:
         out += f"""
 CREATE FUNCTION gw_{view}_{fn}(s BIGINT, {args}) RETURNS SETOF {view}
 LANGUAGE sql STABLE AS $$
-  SELECT * FROM {table} WHERE sid = s AND step {rows}
+  {rows_of}sid = s AND step {rows}
   UNION ALL SELECT * FROM ({packed} WHERE p.sid = s AND p.chunk {chunks}) q
   WHERE step {rows}
 $$;"""
@@ -136,8 +141,13 @@ $$;"""
 SCHEMA_6 = f"""
 ALTER TABLE steps RENAME TO step_rows;
 ALTER INDEX steps_pkey RENAME TO step_rows_pkey;
-ALTER TABLE param_norms RENAME TO param_rows;
-ALTER INDEX param_norms_pkey RENAME TO param_rows_pkey;
+-- the open chunks' param_norms rows are columns of their steps' rows: one table, one
+-- index (pkept: the step has them)
+ALTER TABLE step_rows ADD COLUMN pkept BOOLEAN NOT NULL DEFAULT FALSE,
+  ADD COLUMN pnorms BYTEA, ADD COLUMN pfresh BYTEA;
+UPDATE step_rows r SET pkept = TRUE, pnorms = p.norms, pfresh = p.fresh
+  FROM param_norms p WHERE p.sid = r.sid AND p.step = r.step;
+DROP TABLE param_norms;
 CREATE TABLE step_packs(
   sid BIGINT, chunk BIGINT, dseq BIGINT,
   {", ".join(f"{c} {t}[]" for c, t in STEP_COLUMNS)},
@@ -147,22 +157,21 @@ CREATE TABLE step_packs(
 -- array in step order, but step NULL when they are every step of the chunk, and seq
 -- holding seq - step, NULL when that is the same at every step: dseq; pstep/pnorms/pfresh:
 -- its param_norms rows (pstep NULL: at every step; '{{}}' and pnorms NULL: none kept).
-CREATE VIEW steps AS SELECT * FROM step_rows UNION ALL {_PACKED_STEPS};
-CREATE VIEW param_norms AS SELECT * FROM param_rows UNION ALL {_PACKED_PARAMS};
-{_reads("steps", "step_rows", _PACKED_STEPS)}
-{_reads("param_norms", "param_rows", _PACKED_PARAMS)}
-{_ends("step_rows", _ALL, "TRUE", "gw_first_step", "min", "")}
-{_ends("step_rows", _ALL, "TRUE", "gw_last_step", "max", "DESC")}
+CREATE VIEW steps AS {_OPEN_STEPS}TRUE UNION ALL {_PACKED_STEPS};
+CREATE VIEW param_norms AS {_OPEN_PARAMS}TRUE UNION ALL {_PACKED_PARAMS};
+{_reads("steps", _OPEN_STEPS, _PACKED_STEPS)}
+{_reads("param_norms", _OPEN_PARAMS, _PACKED_PARAMS)}
+{_ends("", _ALL, "TRUE", "gw_first_step", "min", "")}
+{_ends("", _ALL, "TRUE", "gw_last_step", "max", "DESC")}
 {_put_pack()}
-{_ends("param_rows", _PSTEP, "p.pnorms IS NOT NULL", "gw_first_param", "min", "")}
-{_ends("param_rows", _PSTEP, "p.pnorms IS NOT NULL", "gw_last_param", "max", "DESC")}
+{_ends("pkept AND ", _PSTEP, "p.pnorms IS NOT NULL", "gw_first_param", "min", "")}
+{_ends("pkept AND ", _PSTEP, "p.pnorms IS NOT NULL", "gw_last_param", "max", "DESC")}
 CREATE FUNCTION gw_pack(s BIGINT, c BIGINT) RETURNS VOID LANGUAGE plpgsql AS $$
 DECLARE
   lo BIGINT := c * {CHUNK};
   hi BIGINT := c * {CHUNK} + {CHUNK - 1};
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM step_rows WHERE sid = s AND step BETWEEN lo AND hi)
-     AND NOT EXISTS (SELECT 1 FROM param_rows WHERE sid = s AND step BETWEEN lo AND hi) THEN
+  IF NOT EXISTS (SELECT 1 FROM step_rows WHERE sid = s AND step BETWEEN lo AND hi) THEN
     RETURN;
   END IF;
   PERFORM gw_put_pack(s, c, {", ".join(f"a.{c}" for c, _ in STEP_COLUMNS)},
@@ -172,7 +181,6 @@ BEGIN
     (SELECT {", ".join(_agg(c, a) for a, c, _ in PARAM_COLUMNS)}
      FROM gw_param_norms_in(s, lo, hi)) b;
   DELETE FROM step_rows WHERE sid = s AND step BETWEEN lo AND hi;
-  DELETE FROM param_rows WHERE sid = s AND step BETWEEN lo AND hi;
 END $$;
 CREATE FUNCTION gw_put_agg(s BIGINT, c BIGINT, k BIGINT, a DOUBLE PRECISION, a_s BIGINT,
     b DOUBLE PRECISION, b_s BIGINT, d DOUBLE PRECISION, d_s BIGINT, e DOUBLE PRECISION,
@@ -192,23 +200,20 @@ BEGIN
     odd_step = EXCLUDED.odd_step, sig = EXCLUDED.sig;
   IF r_step IS NOT NULL THEN
     IF NOT EXISTS (SELECT 1 FROM step_rows WHERE sid = s AND step BETWEEN lo AND hi)
-       AND NOT EXISTS (SELECT 1 FROM param_rows WHERE sid = s AND step BETWEEN lo AND hi)
        AND NOT EXISTS (SELECT 1 FROM step_packs WHERE sid = s AND chunk = c) THEN
       -- the whole chunk came in this batch: packed without passing through step_rows
       PERFORM gw_put_pack(s, c, {_R_ARGS});
       RETURN;
     END IF;
-    INSERT INTO step_rows SELECT s, u.* FROM
-      unnest({", ".join(f"r_{c}" for c, _ in STEP_COLUMNS)}) AS u;
-    INSERT INTO param_rows SELECT s, u.* FROM unnest(r_pstep, r_pnorms, r_pfresh)
-      AS u(step, norms, fresh)
-      WHERE u.step IS NOT NULL;
+    INSERT INTO step_rows SELECT s, u.*, v.pstep IS NOT NULL, v.pnorms, v.pfresh FROM
+      unnest({", ".join(f"r_{c}" for c, _ in STEP_COLUMNS)}) AS u({_STEP_NAMES})
+      LEFT JOIN unnest(r_pstep, r_pnorms, r_pfresh) AS v(pstep, pnorms, pfresh)
+      ON v.pstep = u.step;
   END IF;
   PERFORM gw_pack(s, c);
 END $$;
 CREATE FUNCTION gw_forget(s BIGINT) RETURNS VOID LANGUAGE sql AS $$
   DELETE FROM step_rows WHERE sid = s;
-  DELETE FROM param_rows WHERE sid = s;
   DELETE FROM step_packs WHERE sid = s;
 $$;
 -- every chunk summarised so far is packed, as the writer would have
@@ -219,14 +224,22 @@ above, and every summarised chunk of a schema-5 database packed."""
 
 PACKS = "SELECT gw_put_agg("
 """How a statement that packs a chunk begins (in PostgreSQL's form)."""
-HOT_TABLES = ("step_rows", "param_rows")
+HOT_TABLES = ("step_rows",)
 """Where the open chunks' rows come and go: the vacuum after packing keeps them small."""
+
+STEP_INSERT = "INSERT INTO step_rows VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+"""The writer's insert of an open chunk's step (held by :class:`server.pgheld.HeldRows`)."""
+PARAM_INSERT = ("INSERT INTO step_rows(sid, step, seq, flags, pkept, pnorms, pfresh) "
+                "VALUES(?, ?, 0, 0, TRUE, ?, ?) ON CONFLICT (sid, step) DO UPDATE SET "
+                "pkept = TRUE, pnorms = EXCLUDED.pnorms, pfresh = EXCLUDED.pfresh")
+"""The writer's insert of a step's per-parameter norms: into its step's row, stored
+before it (held by :class:`server.pgheld.HeldRows` in a transaction)."""
 
 _SPAN = "SELECT step FROM {t} WHERE sid=? AND step BETWEEN ? AND ? ORDER BY step{d} LIMIT 1"
 _EXACT = {
     "INSERT INTO steps VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)":
-        "INSERT INTO step_rows VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-    "INSERT INTO param_norms VALUES(?,?,?,?)": "INSERT INTO param_rows VALUES(?,?,?,?)",
+        STEP_INSERT,
+    "INSERT INTO param_norms VALUES(?,?,?,?)": PARAM_INSERT,
     "INSERT OR REPLACE INTO step_agg VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)":
         "SELECT gw_put_agg(?,?,?,?,?,?,?,?,?,?,?,?,?,?," + ",".join(
             f"?::{t}[]" for _, t in STEP_COLUMNS) + "," + ",".join(
