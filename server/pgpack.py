@@ -50,7 +50,11 @@ _STEP = f"coalesce(u.step, p.chunk * {CHUNK} + u.i - 1)"
 _PSTEP = f"coalesce(p.pstep, {_ALL})"
 """A pack's steps with per-parameter norms: ``pstep`` is NULL when they are all its
 steps (the usual case), ``{}`` when none."""
-_PARAM_ARRAYS = ", ".join([_PSTEP] + [f"p.{a}" for a, _, _ in PARAM_COLUMNS[1:]])
+_PARAM_ARRAYS = f"{_PSTEP}, coalesce(p.pnorms, gw_split(p.pblob, cardinality({_PSTEP}))), p.pfresh"
+"""``pblob``: the per-parameter norms of a pack as one byte string when every step's are
+there and as long (the usual case), in place of ``pnorms``' array."""
+_HAS = "(p.pnorms IS NOT NULL OR p.pblob IS NOT NULL)"
+"""Whether a pack holds per-parameter norms."""
 _OPEN_STEPS = f"SELECT sid, {_STEP_NAMES} FROM step_rows WHERE "
 _OPEN_PARAMS = ("SELECT sid, step, pnorms AS norms, pfresh AS fresh FROM step_rows "
                 "WHERE pkept AND ")
@@ -128,13 +132,17 @@ LANGUAGE sql AS $$
     CASE WHEN k.one THEN NULL ELSE k.d END,
     {", ".join(f"r_{c}" for c, _ in STEP_COLUMNS[2:])},
     CASE WHEN r_pnorms IS NULL THEN '{{}}' WHEN r_pstep = r_step THEN NULL
-    ELSE r_pstep END, r_pnorms, r_pfresh
-  FROM (SELECT d, (SELECT count(DISTINCT x) = 1 FROM unnest(d) x) AS one FROM
+    ELSE r_pstep END, CASE WHEN n.even THEN NULL ELSE r_pnorms END, r_pfresh,
+    CASE WHEN n.even THEN n.blob END
+  FROM (SELECT count(*) > 0 AND count(*) = count(x) AND count(DISTINCT length(x)) = 1
+    AS even, string_agg(x, ''::BYTEA ORDER BY i) AS blob
+    FROM unnest(r_pnorms) WITH ORDINALITY AS w(x, i)) n,
+  (SELECT d, (SELECT count(DISTINCT x) = 1 FROM unnest(d) x) AS one FROM
     (SELECT ARRAY(SELECT q - v FROM unnest(r_seq, r_step) WITH ORDINALITY AS u(q, v, i)
      ORDER BY i) AS d) z) k
   ON CONFLICT (sid, chunk) DO UPDATE SET dseq = EXCLUDED.dseq,
     {", ".join(f"{c} = EXCLUDED.{c}" for c, _ in STEP_COLUMNS)},
-    {", ".join(f"{a} = EXCLUDED.{a}" for a, _, _ in PARAM_COLUMNS)};
+    {", ".join(f"{a} = EXCLUDED.{a}" for a, _, _ in PARAM_COLUMNS)}, pblob = EXCLUDED.pblob;
 $$;"""
 
 
@@ -152,11 +160,21 @@ CREATE TABLE step_packs(
   sid BIGINT, chunk BIGINT, dseq BIGINT,
   {", ".join(f"{c} {t}[]" for c, t in STEP_COLUMNS)},
   {", ".join(f"{a} {t}[]" for a, _, t in PARAM_COLUMNS)},
-  PRIMARY KEY(sid, chunk));
+  pblob BYTEA, PRIMARY KEY(sid, chunk));
 -- step_packs: the steps of one summarised chunk (chunk = step / {CHUNK}), each column an
 -- array in step order, but step NULL when they are every step of the chunk, and seq
 -- holding seq - step, NULL when that is the same at every step: dseq; pstep/pnorms/pfresh:
--- its param_norms rows (pstep NULL: at every step; '{{}}' and pnorms NULL: none kept).
+-- its param_norms rows (pstep NULL: at every step; '{{}}' and pnorms NULL: none kept),
+-- pblob: pnorms as one byte string (pnorms NULL) when its values are all as long.
+CREATE FUNCTION gw_split(b BYTEA, n BIGINT) RETURNS BYTEA[] LANGUAGE plpgsql IMMUTABLE
+STRICT AS $$
+DECLARE
+  whole BYTEA := b;  -- fetched from TOAST once, not once per slice
+  w BIGINT := length(b) / n;
+BEGIN
+  RETURN ARRAY(SELECT substring(whole FROM i * w + 1 FOR w) FROM generate_series(0, n - 1) i
+               ORDER BY i);
+END $$;
 CREATE VIEW steps AS {_OPEN_STEPS}TRUE UNION ALL {_PACKED_STEPS};
 CREATE VIEW param_norms AS {_OPEN_PARAMS}TRUE UNION ALL {_PACKED_PARAMS};
 {_reads("steps", _OPEN_STEPS, _PACKED_STEPS)}
@@ -164,8 +182,8 @@ CREATE VIEW param_norms AS {_OPEN_PARAMS}TRUE UNION ALL {_PACKED_PARAMS};
 {_ends("", _ALL, "TRUE", "gw_first_step", "min", "")}
 {_ends("", _ALL, "TRUE", "gw_last_step", "max", "DESC")}
 {_put_pack()}
-{_ends("pkept AND ", _PSTEP, "p.pnorms IS NOT NULL", "gw_first_param", "min", "")}
-{_ends("pkept AND ", _PSTEP, "p.pnorms IS NOT NULL", "gw_last_param", "max", "DESC")}
+{_ends("pkept AND ", _PSTEP, _HAS, "gw_first_param", "min", "")}
+{_ends("pkept AND ", _PSTEP, _HAS, "gw_last_param", "max", "DESC")}
 CREATE FUNCTION gw_pack(s BIGINT, c BIGINT) RETURNS VOID LANGUAGE plpgsql AS $$
 DECLARE
   lo BIGINT := c * {CHUNK};
