@@ -184,20 +184,26 @@ CREATE VIEW param_norms AS {_OPEN_PARAMS}TRUE UNION ALL {_PACKED_PARAMS};
 {_put_pack()}
 {_ends("pkept AND ", _PSTEP, _HAS, "gw_first_param", "min", "")}
 {_ends("pkept AND ", _PSTEP, _HAS, "gw_last_param", "max", "DESC")}
-CREATE FUNCTION gw_pack(s BIGINT, c BIGINT) RETURNS VOID LANGUAGE plpgsql AS $$
+-- gw_pack: the chunk's rows (open, packed, and any given as arrays) packed as one
+CREATE FUNCTION gw_pack(s BIGINT, c BIGINT,
+    {", ".join(f"{x} DEFAULT NULL" for x in _R_PARAMS.split(", "))}) RETURNS VOID
+LANGUAGE plpgsql AS $$
 DECLARE
   lo BIGINT := c * {CHUNK};
   hi BIGINT := c * {CHUNK} + {CHUNK - 1};
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM step_rows WHERE sid = s AND step BETWEEN lo AND hi) THEN
+  IF r_step IS NULL
+     AND NOT EXISTS (SELECT 1 FROM step_rows WHERE sid = s AND step BETWEEN lo AND hi) THEN
     RETURN;
   END IF;
   PERFORM gw_put_pack(s, c, {", ".join(f"a.{c}" for c, _ in STEP_COLUMNS)},
     {", ".join(f"b.{a}" for a, _, _ in PARAM_COLUMNS)}) FROM
     (SELECT {", ".join(_agg(c) for c, _ in STEP_COLUMNS)}
-     FROM gw_steps_in(s, lo, hi)) a,
+     FROM (SELECT * FROM gw_steps_in(s, lo, hi) UNION ALL SELECT s, u.* FROM
+       unnest({", ".join(f"r_{c}" for c, _ in STEP_COLUMNS)}) AS u({_STEP_NAMES})) q) a,
     (SELECT {", ".join(_agg(c, a) for a, c, _ in PARAM_COLUMNS)}
-     FROM gw_param_norms_in(s, lo, hi)) b;
+     FROM (SELECT * FROM gw_param_norms_in(s, lo, hi) UNION ALL SELECT s, v.* FROM
+       unnest(r_pstep, r_pnorms, r_pfresh) AS v(step, norms, fresh)) q) b;
   DELETE FROM step_rows WHERE sid = s AND step BETWEEN lo AND hi;
 END $$;
 CREATE FUNCTION gw_put_agg(s BIGINT, c BIGINT, k BIGINT, a DOUBLE PRECISION, a_s BIGINT,
@@ -223,12 +229,9 @@ BEGIN
       PERFORM gw_put_pack(s, c, {_R_ARGS});
       RETURN;
     END IF;
-    INSERT INTO step_rows SELECT s, u.*, v.pstep IS NOT NULL, v.pnorms, v.pfresh FROM
-      unnest({", ".join(f"r_{c}" for c, _ in STEP_COLUMNS)}) AS u({_STEP_NAMES})
-      LEFT JOIN unnest(r_pstep, r_pnorms, r_pfresh) AS v(pstep, pnorms, pfresh)
-      ON v.pstep = u.step;
   END IF;
-  PERFORM gw_pack(s, c);
+  -- merged with the chunk's rows stored before: the batch's never enter step_rows
+  PERFORM gw_pack(s, c, {_R_ARGS});
 END $$;
 CREATE FUNCTION gw_forget(s BIGINT) RETURNS VOID LANGUAGE sql AS $$
   DELETE FROM step_rows WHERE sid = s;
