@@ -3,20 +3,23 @@
 A row per step, as SQLite keeps it, costs PostgreSQL a tuple header, a line pointer and an
 index entry each in ``steps`` and ``param_norms``, and fixed-width integers: more than
 twice SQLite's bytes per step. So once a chunk (:data:`server.db.CHUNK` steps of one
-series) is summarised, its rows move into one ``step_packs`` row of column arrays (the
-per-parameter norms as arrays of the same packed bytes), which PostgreSQL compresses
-(TOAST). The open chunk's rows stay one per step in ``step_rows`` (a step's per-parameter
-norms in its row: one table and one index for the open rows), where the writer inserts
-them; ``steps`` and ``param_norms`` are views of both, so a statement reading whole series
-runs unchanged.
+series) is summarised, its rows move into one ``step_packs`` row of column arrays, which
+PostgreSQL compresses (TOAST); what a pack can derive it does not store (a full chunk's
+steps, ``seq`` beyond its offset from ``step``), and its per-parameter norms are one byte
+string when every step's are as long (an array of byte strings costs 4 bytes a step).
+The open chunk's rows stay one per step in ``step_rows`` (a step's per-parameter norms in
+its row: one table and one index for the open rows), where the writer inserts them;
+``steps`` and ``param_norms`` are views of both, so a statement reading whole series runs
+unchanged.
 
 Reads of a step range must not unpack a whole series, so :func:`packed_form` writes the
 storage modules' range statements over functions that visit only the chunks in range
 (``gw_steps_in``, ``gw_steps_at``, ``gw_first_step`` ...): the statements' text and their
 parameters stay the storage modules' own, in the same order. Moving a summarised chunk
 is ``gw_put_agg``, the ``step_agg`` upsert that also packs the chunk, merging any rows it
-packed before (a resent gap); the rows of a chunk that came whole in the batch it is
-given as arrays (:class:`server.pgheld.HeldRows`). Only :mod:`server.pgdb`,
+packed before (a resent gap) and stored open; the batch's rows of the chunk it is given
+as arrays (:class:`server.pgheld.HeldRows`), so they never enter ``step_rows`` to leave
+dead rows there. Only :mod:`server.pgdb`,
 :mod:`server.pgheld` and :mod:`server.pgschema` import this module.
 """
 
