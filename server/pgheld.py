@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from gradwatch.server.db import CHUNK
-from gradwatch.server.pgpack import PARAM_COLUMNS, STEP_COLUMNS
+from gradwatch.server.pgpack import PARAM_COLUMNS, PARAM_INSERT, STEP_COLUMNS, STEP_INSERT
 
 _FLOATS = frozenset(i for i, (_, t) in enumerate(STEP_COLUMNS) if t == "DOUBLE PRECISION")
-_STEP_ROWS = "INSERT INTO step_rows "
-_PARAM_ROWS = "INSERT INTO param_rows "
+_STEP_ROWS = STEP_INSERT.split("?")[0]
+_PARAM_ROWS = PARAM_INSERT.split("?")[0]
 Rows = dict[tuple[int, int], list[tuple[Any, ...]]]
 
 
@@ -39,8 +39,9 @@ class HeldRows:
         self._params: Rows = {}
 
     def hold(self, s: str, rows: list[Sequence[Any]]) -> bool:
-        """Take the rows of an insert into ``step_rows`` / ``param_rows`` (False: another
-        statement)."""
+        """Take the rows of the writer's insert of steps or of their per-parameter norms
+        (:data:`~server.pgpack.STEP_INSERT`, :data:`~server.pgpack.PARAM_INSERT`; False:
+        another statement)."""
         held = self._steps if s.startswith(_STEP_ROWS) else \
             self._params if s.startswith(_PARAM_ROWS) else None
         if held is None:
@@ -71,15 +72,20 @@ class HeldRows:
                 None if all(x is None for x in fresh) else fresh]
 
     def store(self, conn: Any) -> None:
-        """Insert every held row into ``step_rows`` / ``param_rows`` (psycopg ``conn``)."""
-        for held, table, n in ((self._steps, "step_rows", 1 + len(STEP_COLUMNS)),
-                               (self._params, "param_rows", 4)):
-            rows = [r for part in held.values() for r in part]
-            held.clear()
-            if rows:
+        """Insert every held row into ``step_rows``, a step's per-parameter norms in its
+        row (psycopg ``conn``)."""
+        params = {(r[0], r[1]): r[2:] for part in self._params.values() for r in part}
+        rows = [(*r, (r[0], r[1]) in params, *params.pop((r[0], r[1]), (None, None)))
+                for part in self._steps.values() for r in part]
+        self._steps.clear()
+        self._params.clear()
+        for s, got in ((f"INSERT INTO step_rows VALUES({','.join(['%s'] * len(rows[0]))})"
+                        if rows else "", rows),
+                       (PARAM_INSERT.replace("?", "%s"),  # norms of a step stored before
+                        [(*k, *v) for k, v in params.items()])):
+            if got:
                 with conn.cursor() as cur:
-                    cur.executemany(f"INSERT INTO {table} VALUES({','.join(['%s'] * n)})",
-                                    rows)
+                    cur.executemany(s, got)
 
     def drop(self) -> None:
         """Forget every held row (the transaction rolled back)."""
