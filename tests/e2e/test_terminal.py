@@ -3,6 +3,7 @@ reads as help, output that ends quietly in a pipe."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,6 +20,8 @@ import synth
 from tests.serverproc import ServerProc, free_port
 
 CLI = [sys.executable, "-m", "gradwatch.cli"]
+FAULTHANDLER = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+"""A process's environment in which SIGABRT prints every thread's stack (:meth:`Output.done`)."""
 
 
 class Output:
@@ -42,7 +45,18 @@ class Output:
             time.sleep(0.05)
 
     def done(self, timeout: float = 30.0) -> str:
-        self.proc.wait(timeout)
+        """The whole output once the process ended; past ``timeout`` the process (started
+        with :data:`FAULTHANDLER`) is made to print every thread's stack, and that fails
+        the test: where it waits is what a hang's report needs."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            self._thread.join(5)
+            raise AssertionError(f"still running {timeout:.0f} s later:\n{self.text}"
+                                 ) from None
         self._thread.join(5)
         return self.text
 
@@ -79,7 +93,7 @@ def test_ctrl_c_at_any_moment_of_serve_start_up_prints_one_line(tmp_path: Path,
     proc = subprocess.Popen([*CLI, "serve", "--port", str(port), "--data",
                              str(tmp_path / "d"), "--parse-processes", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env=FAULTHANDLER)
     out = Output(proc)
     try:
         if moment == "building the app":
@@ -94,7 +108,7 @@ def test_ctrl_c_at_any_moment_of_serve_start_up_prints_one_line(tmp_path: Path,
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs", timeout=10):
                 pass
         _ctrl_c(proc)
-        text = out.done(timeout=60)
+        text = out.done(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -134,14 +148,14 @@ def test_ctrl_c_on_demo_prints_one_line(tmp_path: Path) -> None:
     proc = subprocess.Popen([*CLI, "demo", "--port", str(port), "--data", str(tmp_path / "d"),
                              "--steps-per-phase", "100000", "--pace", "0.01"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env=FAULTHANDLER)
     out = Output(proc)
     try:
         out.wait_for("phase 'correct'", timeout=120)
         time.sleep(1.0)
         before = len(out.text)
         _ctrl_c(proc)
-        text = out.done(timeout=60)
+        text = out.done(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
