@@ -24,6 +24,15 @@ FAULTHANDLER = {**os.environ, "PYTHONFAULTHANDLER": "1"}
 """A process's environment in which SIGABRT prints every thread's stack (:meth:`Output.done`)."""
 
 
+def _as_a_terminal_starts_it() -> None:
+    """In the child before exec: SIGINT unblocked and at its default, as a shell starts a
+    foreground job. The signal mask and an ignored disposition survive exec, and a test
+    worker that ran other tests first may hold SIGINT blocked (the full suite's two fresh
+    runs of 2026-11-28 showed a serve that never saw the Ctrl-C, its stack idle in uvicorn)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Output:
     """A process's merged output, read on a thread; ``mark()`` notes how much was printed."""
 
@@ -93,7 +102,8 @@ def test_ctrl_c_at_any_moment_of_serve_start_up_prints_one_line(tmp_path: Path,
     proc = subprocess.Popen([*CLI, "serve", "--port", str(port), "--data",
                              str(tmp_path / "d"), "--parse-processes", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=FAULTHANDLER)
+                            start_new_session=True, env=FAULTHANDLER,
+                            preexec_fn=_as_a_terminal_starts_it)
     out = Output(proc)
     try:
         if moment == "building the app":
@@ -148,7 +158,8 @@ def test_ctrl_c_on_demo_prints_one_line(tmp_path: Path) -> None:
     proc = subprocess.Popen([*CLI, "demo", "--port", str(port), "--data", str(tmp_path / "d"),
                              "--steps-per-phase", "100000", "--pace", "0.01"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=FAULTHANDLER)
+                            start_new_session=True, env=FAULTHANDLER,
+                            preexec_fn=_as_a_terminal_starts_it)
     out = Output(proc)
     try:
         out.wait_for("phase 'correct'", timeout=120)
