@@ -6,8 +6,12 @@ import asyncio
 import json
 from typing import Any
 
-from gradwatch.server.batch import IngestResult
-from gradwatch.server.remote import Change, RemoteFeed, merged
+import synth
+
+from gradwatch.server.batch import IngestResult, batch_of
+from gradwatch.server.remote import Change, RemoteFeed, merged, note_of
+from gradwatch.server.storage import Store
+from gradwatch.wire import IngestBatch
 
 
 def note(run: str, rank: int | None = None, steps: list[int] | None = None,
@@ -41,30 +45,22 @@ def test_a_deletion_ends_a_runs_change_and_own_or_unreadable_notes_are_skipped(
     assert "unreadable note" in caplog.text
 
 
-class Reader:
-    """Answers what the feed reads, counting the reads."""
+class Counting:
+    """A real reader, its reads counted (what the feed reads is the point of the test)."""
 
-    def __init__(self) -> None:
-        self.reads: list[tuple[Any, ...]] = []
+    def __init__(self, reader: Any) -> None:
+        self.reader, self.reads = reader, list[str]()
 
-    def summary(self, run: str) -> str:
-        self.reads.append(("summary", run))
-        return f"summary of {run}"
-
-    def steps(self, run: str, lo: int, hi: int, *rest: Any) -> Any:
-        self.reads.append(("steps", run, lo, hi, rest[-1]))
-        return type("Got", (), {"rows": list(range(lo, hi + 1))})()
-
-    def optimizers(self, run: str) -> list[Any]:
-        self.reads.append(("optimizers", run))
-        return []
-
-    def findings(self, run: str) -> list[Any]:
-        self.reads.append(("findings", run))
-        return ["a finding"]
+    def __getattr__(self, name: str) -> Any:
+        def read(*args: Any) -> Any:
+            self.reads.append(name)
+            return getattr(self.reader, name)(*args)
+        return read
 
 
 class Sink:
+    """Where the feed publishes: what a server's own live clients would be handed."""
+
     def __init__(self, watched: set[str]) -> None:
         self.watched, self.results, self.gone = watched, list[IngestResult](), list[str]()
 
@@ -78,23 +74,43 @@ class Sink:
         return run in self.watched
 
 
-def test_a_watched_runs_change_is_read_once_and_published_per_rank() -> None:
-    reader, sink = Reader(), Sink({"r"})
-    feed = RemoteFeed("A", None, reader, sink)  # type: ignore[arg-type]
-    change = merged([note("r", 0, [0, 2]), note("r", 1, [0, 1], findings=True),
-                     note("r", 0, [3, 4])], "A")[0]
+def stored_notes(store: Store) -> list[str]:
+    """The notes another server ("B") would send for a two-rank run stored in batches of 5
+    records (the second rank's steps go stale: a finding)."""
+    notes = []
+    for rank, stale in ((0, None), (1, 12)):
+        recs = synth.records(steps=20, rank=rank, stale_from=stale)
+        for i in range(0, len(recs), 5):
+            res = store.call(store.ingest, batch_of(IngestBatch(run="run1", rank=rank,
+                                                                records=recs[i:i + 5])))
+            notes.append(note_of("B", "run1", res))
+    return notes
+
+
+def test_a_watched_runs_change_is_read_once_and_published_per_rank(sqlite_store: Store
+                                                                   ) -> None:
+    reader, sink = Counting(sqlite_store.reader), Sink({"run1"})
+    feed = RemoteFeed("A", sqlite_store.database, reader, sink)  # type: ignore[arg-type]
+    [change] = merged(stored_notes(sqlite_store), "A")
     asyncio.run(feed.publish(change))
-    assert reader.reads == [("findings", "r"), ("summary", "r"), ("steps", "r", 0, 4, 0),
-                            ("steps", "r", 0, 1, 1)]
-    assert [(x.rank, x.rows, x.findings, x.summary) for x in sink.results] == [
-        (0, [0, 1, 2, 3, 4], None, None), (1, [0, 1], ["a finding"], "summary of r")]
+    # ten batch notes: one read of each kind, one steps read per rank
+    assert sorted(reader.reads) == ["findings", "optimizers", "steps", "steps", "summary"]
+    assert [x.rank for x in sink.results] == [0, 1]
+    for res in sink.results:
+        assert [r.step for r in res.rows] == list(range(20))
+        assert [v.opt for v in res.optimizers] == ["SGD#0"]
+    last = sink.results[-1]
+    assert last.findings == sqlite_store.reader.findings("run1") and last.findings
+    assert last.summary == sqlite_store.reader.summary("run1")
+    assert sink.results[0].findings is None and sink.results[0].summary is None
 
 
-def test_nothing_is_read_for_a_run_nobody_here_watches_but_deletions_go_on() -> None:
-    reader, sink = Reader(), Sink(set())
-    feed = RemoteFeed("A", None, reader, sink)  # type: ignore[arg-type]
-    for change in merged([note("q", 0, [0, 99], findings=True), note("q", deleted=True)],
-                         "A"):
+def test_nothing_is_read_for_a_run_nobody_here_watches_but_deletions_go_on(
+        sqlite_store: Store) -> None:
+    reader, sink = Counting(sqlite_store.reader), Sink(set())
+    feed = RemoteFeed("A", sqlite_store.database, reader, sink)  # type: ignore[arg-type]
+    notes = [*stored_notes(sqlite_store), note_of("B", "run1", deleted=True)]
+    for change in merged(notes, "A"):
         asyncio.run(feed.publish(change))
-    assert reader.reads == [] and sink.results == [] and sink.gone == ["q"]
+    assert reader.reads == [] and sink.results == [] and sink.gone == ["run1"]
     assert Change("q").ranks() == []
