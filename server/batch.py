@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from gradwatch.frames import OptimizerView, RunSummary
-from gradwatch.server.rows import Row, StepCols
+from gradwatch.server.rows import Row, Scalar, StepCols
 from gradwatch.server.steptable import row_of, step_columns
 from gradwatch.verdict import has_finding_facts
 from gradwatch.wire import (
@@ -128,6 +128,6 @@ class IngestResult:
     findings: list[Finding] | None = None
     """The run's findings, when the batch changed them."""
     summary: RunSummary | None = None
-    scalars: list[tuple[int, str | None, int, str, float]] = field(default_factory=list)
+    scalars: list[Scalar] = field(default_factory=list)
     """Values new to the database from ``Scalars`` records: (rank, opt, step, name,
     value)."""

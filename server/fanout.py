@@ -32,7 +32,7 @@ from gradwatch.frames import (
 )
 from gradwatch.server.downsampling import downsample
 from gradwatch.server.modelnorms import Norms
-from gradwatch.server.rows import Row, SeriesRows
+from gradwatch.server.rows import Row, Scalar, SeriesRows
 from gradwatch.wire import Finding
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ class Hub:
             self._offer(run, _steps_item(run, rows, decimated=False), norms=norms)
 
     def publish_scalars(self, run: str,
-                        values: list[tuple[int, str | None, int, str, float]]) -> None:
+                        values: list[Scalar]) -> None:
         """Values the user logged (already stored): (rank, opt, step, name, value)."""
         if values and self._watched(run):
             cols = dict(zip(("rank", "opt", "step", "name", "value"),

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from gradwatch.server.backend import Database, Reads
 from gradwatch.server.batch import IngestResult
+from gradwatch.server.rows import Scalar
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +66,6 @@ def note_of(server: str, run: str, res: IngestResult | None = None,
         d.pop("scalars", None)
         text = json.dumps(d, separators=(",", ":"))
     return text
-
-
-Scalar = tuple[int, str | None, int, str, float]
-"""A logged value as notes and :class:`~server.batch.IngestResult` carry it."""
 
 
 @dataclass

@@ -42,6 +42,10 @@ class Row(NamedTuple):
     """Each param group's learning rate (``Step.lr``); None when unknown."""
 
 
+Scalar = tuple[int, str | None, int, str, float]
+"""A value the user logged, as it goes live: (rank, opt, step, name, value)."""
+
+
 class StepCols(NamedTuple):
     """One step record as stored columns (:func:`server.steptable.step_columns`), before the
     writer knows its series and reset-set id.
