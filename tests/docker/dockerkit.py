@@ -7,13 +7,16 @@ import json
 import logging
 import os
 import re
-import socket
+import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
@@ -82,12 +85,6 @@ def engine_script(*args: str, timeout: float) -> dict[str, str]:
         raise AssertionError(f"docker-engine.sh {' '.join(args)}:\n{result.stderr[-4000:]}")
     log.info("docker-engine.sh %s: %.1f s\n%s", *args, time.monotonic() - t0, result.stderr.strip())
     return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str, timeout: float = 5, token: str | None = None) -> Any:
@@ -160,3 +157,50 @@ def readme_docker_lines(readme: Path = REPO / "README.md") -> tuple[list[str], s
     debian = re.search(r"write\s+`([^`]+)`\s+for\s+`docker compose`", section)
     assert debian, "the README does not say what to write for `docker compose` on docker.io"
     return lines, " ".join(debian.group(1).split())
+
+
+class ReadmeShell:
+    """Runs README lines as a user pastes them, in bash: ``docker compose`` becomes what the
+    README says to write where the plugin is missing (Debian's docker.io), and the
+    documented loopback ports move to free ones (``ports``: documented → used).
+
+    Args:
+        env: the environment the lines run in (:meth:`env` makes the usual one).
+        cwd: where lines that are not compose lines run (compose lines run in the checkout).
+    """
+
+    def __init__(self, docker: Docker, env: dict[str, str], cwd: Path, ports: dict[int, int]):
+        self.word = docker.compose_word()
+        if self.word is not None and shutil.which("docker-compose") is None:
+            pytest.fail("no `docker compose` plugin and no docker-compose (apt install "
+                        "docker-compose, as the README says)")
+        self.env, self.cwd, self.ports = env, cwd, ports
+
+    @staticmethod
+    def env(docker: Docker, base_image: str, spool: Path, **extra: str) -> dict[str, str]:
+        """The engine's environment with /usr/bin first (the client that ships with
+        Debian's dockerd, BuildKit built in, as docker-engine.sh picks it), the base image
+        the compose files take (``GRADWATCH_BASE``) and a spool for ``gradwatch run``."""
+        return {**docker.env, "PATH": f"/usr/bin:{Path(sys.executable).parent}:"
+                f"{os.environ['PATH']}", "GRADWATCH_BASE": base_image,
+                "GRADWATCH_SPOOL_DIR": str(spool), **extra}
+
+    def start(self, line: str) -> subprocess.Popen[str]:
+        """The line, started (its output and errors merged on ``stdout``)."""
+        if self.word is not None:
+            line = line.replace("docker compose", self.word)
+        for documented, used in self.ports.items():
+            line = line.replace(f"127.0.0.1:{documented}", f"127.0.0.1:{used}")
+        return subprocess.Popen(["bash", "-c", line], env=self.env, text=True,
+                                cwd=self.cwd if "compose" not in line else REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def __call__(self, line: str, timeout: float = 900) -> str:
+        """Run the line to its end; its output. Fails the test when it exits non-zero."""
+        t0 = time.monotonic()
+        proc = self.start(line)
+        out, _ = proc.communicate(timeout=timeout)
+        log.info("%s: %.1f s", line, time.monotonic() - t0)
+        assert proc.returncode == 0, f"README line {line!r} exited {proc.returncode}:\n" \
+                                     f"{out[-3000:]}"
+        return out

@@ -15,11 +15,9 @@ uses that base image instead of the debootstrap one, where a registry is reachab
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -35,13 +33,14 @@ from tests.docker.dockerkit import (
     REPO,
     SKIP,
     Docker,
+    ReadmeShell,
     engine_script,
-    free_port,
     get,
     readme_docker_lines,
     wait_for_steps,
     wait_healthy,
 )
+from tests.serverproc import free_port
 
 COMPOSE = REPO / "docker" / "compose.yaml"
 # One worker starts the engine and builds the image (xdist: loadgroup).
@@ -248,17 +247,10 @@ def test_readme_docker_lines_run_as_written(
     Debian's docker.io, ``docker compose`` becomes what the README says to write. Only the
     host port is changed (``GRADWATCH_PORT``, as compose.yaml allows), to a free one."""
     lines, _ = readme_docker_lines()
-    word = docker.compose_word()
-    if word is not None and shutil.which("docker-compose") is None:
-        pytest.fail("no `docker compose` plugin and no docker-compose (apt install "
-                    "docker-compose, as the README says)")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    # /usr/bin first: the client that ships with Debian's dockerd (BuildKit built in), as
-    # docker-engine.sh picks it; GRADWATCH_BASE: compose.yaml's knob for a base image.
-    env = {**docker.env, "PATH": f"/usr/bin:{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "GRADWATCH_PORT": str(port), "GRADWATCH_BASE": base_image,
-           "GRADWATCH_SPOOL_DIR": str(tmp_path / "spool")}  # where `gradwatch run` keeps its log
+    env = ReadmeShell.env(docker, base_image, tmp_path / "spool", GRADWATCH_PORT=str(port))
+    sh = ReadmeShell(docker, env, tmp_path, {8765: port})
     (tmp_path / "train.py").write_text(
         "import torch\n"
         "model = torch.nn.Linear(4, 1)\n"
@@ -267,18 +259,6 @@ def test_readme_docker_lines_run_as_written(
         "    model(torch.randn(8, 4)).pow(2).mean().backward()\n"
         "    opt.step()  # zero_grad forgotten\n")
     from gradwatch.steplog import read_log
-
-    def sh(line: str, timeout: float = 900) -> str:
-        if word is not None:
-            line = line.replace("docker compose", word)
-        line = line.replace("127.0.0.1:8765", f"127.0.0.1:{port}")
-        t0 = time.monotonic()
-        r = subprocess.run(["bash", "-c", line], cwd=tmp_path if "compose" not in line else REPO,
-                           env=env, capture_output=True, text=True, timeout=timeout)
-        log.info("%s: %.1f s", line, time.monotonic() - t0)
-        assert r.returncode == 0, f"README line {line!r} exited {r.returncode}:\n" \
-                                  f"{r.stdout[-3000:]}{r.stderr[-3000:]}"
-        return r.stdout
 
     up, stream, upload, down = lines
     try:

@@ -15,9 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,12 +27,13 @@ from tests.docker.dockerkit import (
     REPO,
     SKIP,
     Docker,
-    free_port,
+    ReadmeShell,
     get,
     readme_block,
     wait_for_steps,
     wait_healthy,
 )
+from tests.serverproc import free_port
 
 TEAM = REPO / "docker" / "compose.team.yaml"
 HEADING = "A team server on PostgreSQL"
@@ -112,36 +111,15 @@ def test_readme_team_lines_run_as_written_and_fail_over(
     from gradwatch.wire import Step
 
     export, up, stream, down = readme_block(HEADING)[0]
-    word = docker.compose_word()
-    if word is not None and shutil.which("docker-compose") is None:
-        pytest.fail("no `docker compose` plugin and no docker-compose (apt install "
-                    "docker-compose, as the README says)")
     port_a, port_b = free_port(), free_port()
     a, b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
-    # /usr/bin first: the client that ships with Debian's dockerd (BuildKit built in).
-    env = {**docker.env, "PATH": f"/usr/bin:{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "GRADWATCH_PORT_A": str(port_a), "GRADWATCH_PORT_B": str(port_b),
-           "GRADWATCH_BASE": base_image, "GRADWATCH_SPOOL_DIR": str(tmp_path / "spool")}
+    env = ReadmeShell.env(docker, base_image, tmp_path / "spool",
+                          GRADWATCH_PORT_A=str(port_a), GRADWATCH_PORT_B=str(port_b))
+    sh = ReadmeShell(docker, env, tmp_path, {8765: port_a, 8766: port_b})
     if not os.environ.get("GRADWATCH_DOCKER_BASE"):  # no registry: Debian's PostgreSQL 15
         env["GRADWATCH_POSTGRES_IMAGE"] = docker.script(
             "docker-postgres.sh", timeout=600, env=env).splitlines()[-1]
     (tmp_path / "train.py").write_text(TRAIN)
-
-    def sh(line: str, timeout: float = 600, wait: bool = True) -> subprocess.Popen[str]:
-        if word is not None:
-            line = line.replace("docker compose", word)
-        line = line.replace("127.0.0.1:8765", f"127.0.0.1:{port_a}")
-        line = line.replace("127.0.0.1:8766", f"127.0.0.1:{port_b}")
-        proc = subprocess.Popen(["bash", "-c", line], env=env, text=True,
-                                cwd=tmp_path if "compose" not in line else REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        if wait:
-            t0 = time.monotonic()
-            out, _ = proc.communicate(timeout=timeout)
-            log.info("%s: %.1f s", line, time.monotonic() - t0)
-            assert proc.returncode == 0, f"README line {line!r} exited {proc.returncode}:\n" \
-                                         f"{out[-3000:]}"
-        return proc
 
     def healthy() -> None:
         wait_healthy(docker, "gradwatch-postgres", None, timeout=120)
@@ -168,7 +146,7 @@ def test_readme_team_lines_run_as_written_and_fail_over(
         for c in CONTAINERS:  # the password: in no process's arguments and no log
             seen = docker("top", c) + docker("logs", c, stderr=True)
             assert password not in seen, f"the database password shows in {c}"
-        training = sh(stream, wait=False)
+        training = sh.start(stream)
         spool = tmp_path / "spool"
         deadline = time.monotonic() + 120
         while not list(spool.glob("**/*.jsonl")) and time.monotonic() < deadline:
