@@ -24,7 +24,7 @@ import collections
 import contextlib
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -35,9 +35,7 @@ import gradwatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from previous import Previous  # noqa: E402 - a module beside this script
-from probe_overhead import Make, _many, _mlp  # noqa: E402 - the same two models
-
-PHASES = ("zero_grad", "forward", "backward", "step")
+from probe_overhead import PHASES, Make, _many, _mlp, _setup  # noqa: E402 - the same loop
 
 
 class Counts:
@@ -64,9 +62,7 @@ def count(make: Make, watch: Callable[[torch.optim.Optimizer], Any] | None, step
           warm: int) -> Counts:
     """Calls per ``steps`` steps after ``warm`` steps, with ``watch(opt)`` attached (None:
     the bare loop)."""
-    torch.manual_seed(0)
-    model, x, y = make()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    model, x, y, opt = _setup(make)
     loss_fn = torch.nn.functional.cross_entropy
     handle = watch(opt) if watch is not None else None
     counts = Counts()
@@ -102,11 +98,6 @@ def _watcher(gw: Any, stem: Path, every: int) -> Callable[[torch.optim.Optimizer
     return watch
 
 
-@contextlib.contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=128)
@@ -121,7 +112,7 @@ def main() -> None:
         tmp = Path(d)
         previous = None if args.previous is None else Previous(args.previous, tmp)
         releases: list[tuple[str, Callable[[], contextlib.AbstractContextManager[Any]]]] = [
-            ("this", _nothing)]
+            ("this", contextlib.nullcontext)]
         if previous is not None:
             releases.append(("previous", previous.active))
         print(f"calls per judged step, probe minus bare loop ({args.steps} steps after "

@@ -56,7 +56,8 @@ class Backwards(Generic[L]):
         self._observed: set[int] = set()
         self.armed: set[L] = set()
         """Ledgers that take the ``.grad`` state around each backward (see
-        :mod:`gradwatch.probe.handresets`)."""
+        :mod:`gradwatch.probe.handresets`); a ledger adds itself when its step consumed its
+        gradients and leaves when a reset cleared them (as :attr:`lossy`)."""
         self.lossy: set[L] = set()
         """Ledgers that take their gradients after each backward until their next step: a
         reset threw contributions away (see :mod:`gradwatch.probe.deliberate`)."""
@@ -149,7 +150,7 @@ class Backwards(Generic[L]):
         """Record ledger ``uid``'s step as the first consumer of backwards ``bws``. False,
         recording nothing, when one of them leaked. With one ledger nothing can leak and
         nothing is recorded (a ledger that joins later holds no contribution from before)."""
-        if self._ledgers < 2:
+        if self.single:
             return True
         first, phase = self._first, self.phase
         for b in bws:
@@ -182,12 +183,6 @@ class Backwards(Generic[L]):
     def observe(self, bws: Iterable[int]) -> None:
         """A skipped step looked at the contributions of backwards ``bws``."""
         self._observed.update(bws)
-
-    def arm(self, ledger: L) -> None:
-        self.armed.add(ledger)
-
-    def disarm(self, ledger: L) -> None:
-        self.armed.discard(ledger)
 
     def stepped(self) -> None:
         """A step ended: the next backward starts a new phase; forget old backwards."""

@@ -137,10 +137,10 @@ class CpuPlan:
 
     def _grouped(self, grads: list[torch.Tensor]) -> torch.Tensor:
         pieces = []
+        at = grads.__getitem__
         for ks, (buf, res) in zip(self.groups, self.buffers, strict=True):
             n = buf.shape[0]  # (``len`` of a tensor and a comprehension are Python frames)
             shape, dtype = buf.shape[1:], buf.dtype
-            at = grads.__getitem__
             for i in range(0, len(ks), n):
                 part = list(map(at, ks[i:i + n]))
                 # ``out=`` would resize rather than fail, or copy across devices (a sync),

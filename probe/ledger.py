@@ -100,7 +100,7 @@ class Ledger:
         (``zero_grad()`` once per epoch)."""
         # Armed until its first reset or step: a hand-written reset (``p.grad = None``)
         # before the first step is told from an accumulation like any later one.
-        backwards.arm(self)
+        backwards.armed.add(self)
 
     @property
     def incoming(self) -> Hits:
@@ -137,18 +137,14 @@ class Ledger:
         parameters ``ks`` of this optimizer."""
         if self.contents.reset_some(ks, how, site):
             self.norms.reset()
-            self.backwards.disarm(self)
+            self.backwards.armed.discard(self)
         if site:
             self.reset_site = site
 
-    def phase_began(self) -> None:
-        """The first backward after a step (any optimizer's) starts."""
-        self.deliberate.phase_began()
-
     @property
     def on_phase(self) -> Callable[[], None]:
-        """:meth:`phase_began`'s work as one bound callable, for the tracker to call at each
-        phase's first backward with no frame of the ledger's own."""
+        """What to call when the first backward after a step (any optimizer's) starts: one
+        bound callable, which the tracker keeps and calls with no frame of the ledger's own."""
         return self.deliberate.phase_began
 
     def backward_begins(self, bw: int) -> ArmedBackward | None:
@@ -161,7 +157,7 @@ class Ledger:
             # armed since attach and still no step nor reset (an optimizer not used yet):
             # stop watching, or the state of every backward would pile up (their hits
             # fold as plain contributions)
-            self.backwards.disarm(self)
+            self.backwards.armed.discard(self)
             self.contents.hand.backwards.clear()
             return None
         seen = self.contents.watch_backward(bw)
@@ -197,6 +193,7 @@ class Ledger:
         """
         contents = self.contents
         reader = self.reader
+        # (GradReader.grads without its frame where no gradient is a DTensor)
         grads = reader.grads(self.params) if reader.sharded else list(map(_grad, self.params))
         took = contents.take_textbook(self.uid, grads)
         if took is not None:
@@ -205,7 +202,9 @@ class Ledger:
                                  took[0], norms.due(self.step, grads, [], [], False)
                                  if norms.every else None)
             backwards = self.backwards
-            backwards.armed.add(self)  # (:meth:`_mark` and :meth:`_advance`, inlined)
+            # :meth:`_mark` (its ``consumed`` done by ``take_textbook``) and :meth:`_advance`,
+            # inlined: no frame of their own on the usual step
+            backwards.armed.add(self)
             self.step += 1
             self.in_step = False
             backwards.stepped()
@@ -353,9 +352,10 @@ class Ledger:
         self._mark(grads)
 
     def _mark(self, grads: Grads) -> None:
-        """The step read ``grads``: their content is consumed from now on."""
+        """The step read ``grads``: their content is consumed from now on. (The textbook
+        step of :meth:`plain_step` does the same inline: change both.)"""
         self.contents.consumed(grads)
-        self.backwards.arm(self)
+        self.backwards.armed.add(self)
 
     def _close(self, skipped: bool, losses: dict[str, ResetLoss], late: AbstractSet[int],
                discarded: AbstractSet[int]) -> JudgedStep:
@@ -368,7 +368,8 @@ class Ledger:
         return facts
 
     def _advance(self) -> None:
-        """Start the next step (the tally is the caller's: a textbook step never wrote it)."""
+        """Start the next step (the tally is the caller's: a textbook step never wrote it).
+        (The textbook step of :meth:`plain_step` does the same inline: change both.)"""
         self.step += 1
         self.in_step = False
         self.backwards.stepped()

@@ -60,7 +60,7 @@ def capture(t: Any) -> Value | None:
     src = getattr(t, UNSCALED, None)
     if src is not None:
         t = src
-    if type(t) is _Tensor and t.is_cpu:  # the usual loss, first: the fewest calls
+    if type(t) is _Tensor and t.is_cpu:  # the usual loss, first (Roots.note reads it inline)
         # On the CPU ``.item()`` waits for nothing and costs less than keeping a copy for
         # the writer thread; no later in-place change of the loss reaches the value.
         return float(t.item()) if t.numel() == 1 and t.is_floating_point() else None

@@ -182,6 +182,7 @@ def sample(grads: Grads, scale: Any, zero: list[int],
         missing: whether some entries of ``grads`` may be None.
         plan: a :class:`CpuPlan` for these gradients (CPU), or None.
     """
+    # (NormSchedule.due switches grad mode so too, inline, for the usual grouped CPU plan)
     enabled = _grad_enabled()
     if enabled:  # a norm of a grad that requires grad (create_graph) must not build a graph
         _set_grad_enabled(False)  # (cheaper than entering ``torch.no_grad()`` per step)

@@ -130,7 +130,7 @@ def _make_backward(orig: Any) -> Any:
         active = _active
         if not active or _graph_task_id() != -1:  # nested: part of the running backward
             return orig(*args, **kwargs)
-        if next(reach.ticks) == reach.walk_at:  # (reach.due, inlined: once a backward)
+        if next(reach.ticks) == reach.walk_at:  # (a C call, no frame: once a backward)
             reach.walk(active, args, kwargs)  # sampled: the leaves it writes grads to
         armed = None  # a list only when some tracker is armed (no list per backward)
         if len(args) == 4 and not args[2] and not args[3]:

@@ -1,7 +1,7 @@
 """Which leaf tensors a backward pass reaches: a walk of its autograd graph, sampled.
 
-Thread: training (the wrapper of ``torch.autograd.backward`` calls :func:`due` once per
-backward, and :func:`walk` on the sampled ones, before the engine runs).
+Thread: training (the wrapper of ``torch.autograd.backward`` draws one of :data:`ticks`
+per backward, and calls :func:`walk` on the sampled ones, before the engine runs).
 
 A backward accumulates into the ``.grad`` of each leaf its graph reaches: the ``variable`` of
 every ``AccumulateGrad`` node under the roots' ``grad_fn``. Walking a graph costs a Python step
@@ -35,7 +35,8 @@ _MAX_NODES = 200_000
 ticks = itertools.count(1)
 """Numbers the backwards of the session (``next(ticks)``, a C call: no frame per backward)."""
 walk_at = 1
-"""The number of the next backward to walk."""
+"""The number of the next backward to walk: the backward wrapper draws a tick per backward
+and, when it equals this, calls :func:`walk`, which sets the next."""
 
 
 def restart() -> None:
@@ -44,16 +45,10 @@ def restart() -> None:
     ticks, walk_at = itertools.count(1), 1
 
 
-def due() -> bool:
-    """Count a backward; whether it is one to walk (then :func:`walk` must follow). The
-    backward wrapper does the same inline, ``next(reach.ticks) == reach.walk_at``."""
-    return next(ticks) == walk_at
-
-
 def walk(trackers: Sequence[Tracker], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Walk the graph of the backward called with ``args``/``kwargs`` (those of
-    ``torch.autograd.backward``), the one :func:`due` just counted, and hand its leaves to
-    each tracker."""
+    ``torch.autograd.backward``), the one just counted (``next(ticks) == walk_at``), and
+    hand its leaves to each tracker."""
     global walk_at
     c = walk_at
     walk_at = c + 1 if c < FIRST else (c // EVERY + 1) * EVERY

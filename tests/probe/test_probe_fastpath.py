@@ -17,7 +17,7 @@ import torch
 
 import gradwatch
 from gradwatch.probe import records
-from gradwatch.probe.contributions import Contributions
+from gradwatch.probe.contributions import _MAX_PENDING, Contributions
 from gradwatch.probe.facts import TextbookStep
 from gradwatch.probe.ledger import Ledger
 from gradwatch.probe.records import Lookup
@@ -210,6 +210,24 @@ def test_one_optimizer_keeps_no_first_consumers(tmp_path: Path) -> None:
         h.tracker.attach(other)
         _textbook(m, opt)
         assert h.tracker.backwards.first_consumers == 6
+
+
+def test_usual_resets_of_an_optimizer_that_never_steps_stay_bounded(tmp_path: Path) -> None:
+    """The usual reset (nothing to judge, appended without ``_pend``) is kept within the
+    bound ``_pend`` keeps (an optimizer reset at every step of another's loop and never
+    stepped itself), and a step after them is judged as usual."""
+    m = mlp(seed=3)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    with gradwatch.watch(opt, log=tmp_path / "resets.jsonl") as h:
+        pending = h.tracker.ledgers[opt].contents.pending
+        for _ in range(_MAX_PENDING + 10):
+            opt.zero_grad()
+        assert _MAX_PENDING // 2 <= len(pending) <= _MAX_PENDING
+        assert all(r.how == "optimizer_zero_grad" and not r.removed for r in pending)
+        _textbook(m, opt)
+    log = read_log(tmp_path / "resets.jsonl")
+    assert sum(isinstance(r, Step) for r in log.records) == 6
+    assert not verdict_of([log.header, *log.records]).findings()
 
 
 def test_lookup_checks_its_memo_by_identity() -> None:
