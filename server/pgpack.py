@@ -28,16 +28,16 @@ from __future__ import annotations
 import re
 
 from gradwatch.server.db import CHUNK
+from gradwatch.server.rows import STEPS_COLUMNS
+from gradwatch.server.series_read import SPAN
+from gradwatch.server.steptable import AGG_INSERT, PARAMS_INSERT, STEPS_INSERT
 
-STEP_COLUMNS = (
-    ("step", "BIGINT"), ("seq", "BIGINT"), ("t", "DOUBLE PRECISION"),
-    ("norm", "DOUBLE PRECISION"), ("fresh_norm", "DOUBLE PRECISION"),
-    ("drift", "DOUBLE PRECISION"), ("flags", "INTEGER"), ("stale", "BIGINT"),
-    ("leaked", "BIGINT"), ("late", "BIGINT"), ("discarded", "BIGINT"),
-    ("backwards", "BIGINT"), ("consumed", "BIGINT"), ("fresh", "BIGINT"),
-    ("closure_evals", "BIGINT"), ("rset", "BIGINT"), ("loss", "DOUBLE PRECISION"),
-    ("lr", "TEXT"), ("detail", "TEXT"))
-"""The columns of a ``steps`` row after ``sid``, in order (schema 4's table)."""
+_TYPES = {"t": "DOUBLE PRECISION", "norm": "DOUBLE PRECISION",
+          "fresh_norm": "DOUBLE PRECISION", "drift": "DOUBLE PRECISION", "flags": "INTEGER",
+          "loss": "DOUBLE PRECISION", "lr": "TEXT", "detail": "TEXT"}
+STEP_COLUMNS = tuple((c, _TYPES.get(c, "BIGINT")) for c in STEPS_COLUMNS)
+"""The columns of a ``steps`` row after ``sid``, in order, with their types (schema 4's
+table; the others are BIGINT)."""
 PARAM_COLUMNS = (("pstep", "step", "BIGINT"), ("pnorms", "norms", "BYTEA"),
                  ("pfresh", "fresh", "BYTEA"))
 """``step_packs`` arrays of the ``param_norms`` rows: (array, column, type)."""
@@ -251,28 +251,24 @@ PACKS = "SELECT gw_put_agg("
 HOT_TABLES = ("step_rows",)
 """Where the open chunks' rows come and go: the vacuum after packing keeps them small."""
 
-STEP_INSERT = "INSERT INTO step_rows VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-"""The writer's insert of an open chunk's step (held by :class:`server.pgheld.HeldRows`)."""
-PARAM_INSERT = ("INSERT INTO step_rows(sid, step, seq, flags, pkept, pnorms, pfresh) "
-                "VALUES(?, ?, 0, 0, TRUE, ?, ?) ON CONFLICT (sid, step) DO UPDATE SET "
-                "pkept = TRUE, pnorms = EXCLUDED.pnorms, pfresh = EXCLUDED.pfresh")
+_PARAM_INSERT = ("INSERT INTO step_rows(sid, step, seq, flags, pkept, pnorms, pfresh) "
+                 "VALUES(?, ?, 0, 0, TRUE, ?, ?) ON CONFLICT (sid, step) DO UPDATE SET "
+                 "pkept = TRUE, pnorms = EXCLUDED.pnorms, pfresh = EXCLUDED.pfresh")
 """The writer's insert of a step's per-parameter norms: into its step's row, stored
-before it (held by :class:`server.pgheld.HeldRows` in a transaction)."""
+before it (in a transaction, :class:`server.pgheld.HeldRows` holds both)."""
 
-_SPAN = "SELECT step FROM {t} WHERE sid=? AND step BETWEEN ? AND ? ORDER BY step{d} LIMIT 1"
 _EXACT = {
-    "INSERT INTO steps VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)":
-        STEP_INSERT,
-    "INSERT INTO param_norms VALUES(?,?,?,?)": PARAM_INSERT,
-    "INSERT OR REPLACE INTO step_agg VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)":
-        "SELECT gw_put_agg(?,?,?,?,?,?,?,?,?,?,?,?,?,?," + ",".join(
-            f"?::{t}[]" for _, t in STEP_COLUMNS) + "," + ",".join(
-            f"?::{t}[]" for _, _, t in PARAM_COLUMNS) + ")",
+    STEPS_INSERT: STEPS_INSERT.replace(" steps ", " step_rows ", 1),
+    PARAMS_INSERT: _PARAM_INSERT,
+    # the summary's values, then the chunk's held rows as arrays (server.pgheld)
+    AGG_INSERT: PACKS + AGG_INSERT.partition("VALUES(")[2][:-1] + "," + ",".join(
+        [f"?::{t}[]" for _, t in STEP_COLUMNS] + [f"?::{t}[]" for _, _, t in PARAM_COLUMNS])
+    + ")",
     "DELETE FROM steps WHERE sid=?": "SELECT gw_forget(?)",
     "DELETE FROM param_norms WHERE sid=?": "SELECT gw_forget(?)",
     "SELECT max(step) FROM steps WHERE sid=?": f"SELECT gw_last_step(?, -1, {_MAX})",
-    **{_SPAN.format(t=t, d=d): f"SELECT x FROM (SELECT {f}(?, ?, ?) AS x) q "
-                               "WHERE x IS NOT NULL"
+    **{SPAN.format(table=t, order=d): f"SELECT x FROM (SELECT {f}(?, ?, ?) AS x) q "
+                                      "WHERE x IS NOT NULL"
        for t, d, f in (("steps", "", "gw_first_step"), ("steps", " DESC", "gw_last_step"),
                        ("param_norms", "", "gw_first_param"),
                        ("param_norms", " DESC", "gw_last_param"))},
