@@ -44,8 +44,14 @@ PARAM_COLUMNS = (("pstep", "step", "BIGINT"), ("pnorms", "norms", "BYTEA"),
 
 _STEP_NAMES = ", ".join(c for c, _ in STEP_COLUMNS)
 _STEP_ARRAYS = ", ".join(f"p.{c}" for c, _ in STEP_COLUMNS)
-_FULL = f"ARRAY(SELECT generate_series(p.chunk * {CHUNK}, p.chunk * {CHUNK} + {CHUNK - 1}))"
-_ALL = f"coalesce(p.step, {_FULL})"
+
+
+def _every_step(chunk: str) -> str:
+    """Every step of the chunk ``chunk`` (an SQL expression) as an array."""
+    return f"ARRAY(SELECT generate_series({chunk} * {CHUNK}, {chunk} * {CHUNK} + {CHUNK - 1}))"
+
+
+_ALL = f"coalesce(p.step, {_every_step('p.chunk')})"
 """A pack's steps: its ``step`` array is NULL when they are every step of the chunk (the
 usual case), derived here."""
 _STEP = f"coalesce(u.step, p.chunk * {CHUNK} + u.i - 1)"
@@ -116,8 +122,8 @@ def _agg(column: str, name: str | None = None) -> str:
     return f"{agg} AS {name or column}"
 
 
-_R_ARGS = ", ".join([f"r_{c}" for c, _ in STEP_COLUMNS]
-                    + [f"r_{a}" for a, _, _ in PARAM_COLUMNS])
+_R_STEPS = ", ".join(f"r_{c}" for c, _ in STEP_COLUMNS)
+_R_ARGS = ", ".join([_R_STEPS] + [f"r_{a}" for a, _, _ in PARAM_COLUMNS])
 _R_PARAMS = ", ".join([f"r_{c} {t}[]" for c, t in STEP_COLUMNS]
                       + [f"r_{a} {t}[]" for a, _, t in PARAM_COLUMNS])
 
@@ -126,12 +132,11 @@ def _put_pack() -> str:
     """``gw_put_pack``: store one chunk's rows (its columns as arrays in step order) as
     its pack, replacing any: ``step`` NULL when every step of the chunk is there (``{}``
     when none is), ``seq`` as seq - step, NULL and ``dseq`` when that is one value."""
-    full = f"ARRAY(SELECT generate_series(c * {CHUNK}, c * {CHUNK} + {CHUNK - 1}))"
     return f"""
 CREATE FUNCTION gw_put_pack(s BIGINT, c BIGINT, {_R_PARAMS}) RETURNS VOID
 LANGUAGE sql AS $$
   INSERT INTO step_packs SELECT s, c, CASE WHEN k.one THEN k.d[1] END,
-    CASE WHEN r_step IS NULL THEN '{{}}' WHEN r_step = {full} THEN NULL ELSE r_step END,
+    CASE WHEN r_step IS NULL THEN '{{}}' WHEN r_step = {_every_step('c')} THEN NULL ELSE r_step END,
     CASE WHEN k.one THEN NULL ELSE k.d END,
     {", ".join(f"r_{c}" for c, _ in STEP_COLUMNS[2:])},
     CASE WHEN r_pnorms IS NULL THEN '{{}}' WHEN r_pstep = r_step THEN NULL
@@ -203,7 +208,7 @@ BEGIN
     {", ".join(f"b.{a}" for a, _, _ in PARAM_COLUMNS)}) FROM
     (SELECT {", ".join(_agg(c) for c, _ in STEP_COLUMNS)}
      FROM (SELECT * FROM gw_steps_in(s, lo, hi) UNION ALL SELECT s, u.* FROM
-       unnest({", ".join(f"r_{c}" for c, _ in STEP_COLUMNS)}) AS u({_STEP_NAMES})) q) a,
+       unnest({_R_STEPS}) AS u({_STEP_NAMES})) q) a,
     (SELECT {", ".join(_agg(c, a) for a, c, _ in PARAM_COLUMNS)}
      FROM (SELECT * FROM gw_param_norms_in(s, lo, hi) UNION ALL SELECT s, v.* FROM
        unnest(r_pstep, r_pnorms, r_pfresh) AS v(step, norms, fresh)) q) b;
