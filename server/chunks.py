@@ -16,14 +16,12 @@ from typing import TYPE_CHECKING
 from gradwatch.server import db
 from gradwatch.server.downsampling import Bucket
 from gradwatch.server.rows import Row
-from gradwatch.server.steptable import agg_values, read_rows
+from gradwatch.server.steptable import AGG_INSERT, agg_values, read_rows
 
 if TYPE_CHECKING:
     from gradwatch.server.backend import Conn
 
 log = logging.getLogger(__name__)
-
-_INSERT = "INSERT OR REPLACE INTO step_agg VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 
 
 def summarise(conn: Conn, sid: int, chunk: int, rows: list[Row]) -> None:
@@ -33,7 +31,7 @@ def summarise(conn: Conn, sid: int, chunk: int, rows: list[Row]) -> None:
     b = Bucket()
     for r in rows:
         b.add_row(r)
-    conn.execute(_INSERT, (sid, chunk, *agg_values(b, len(rows))))
+    conn.execute(AGG_INSERT, (sid, chunk, *agg_values(b, len(rows))))
 
 
 def rebuild(conn: Conn) -> int:

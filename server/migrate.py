@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from gradwatch.server import chunks, db
 from gradwatch.server.errors import NewerDatabase
 from gradwatch.server.files import private_files
-from gradwatch.server.steptable import step_columns
+from gradwatch.server.steptable import PARAMS_INSERT, STEPS_INSERT, step_columns
 from gradwatch.server.writes import ResetSets, step_row
 from gradwatch.validation import plain_error
 from gradwatch.wire import Step
@@ -165,9 +165,8 @@ def _from_2(conn: sqlite3.Connection, version: int) -> None:
             steps.append(step_row(conn, sid, c, resets))
             if c.has_params():
                 params.append((sid, s.step, c.params, c.pfresh))
-        conn.executemany("INSERT INTO steps VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                         steps)
-        conn.executemany("INSERT INTO param_norms VALUES(?,?,?,?)", params)
+        conn.executemany(STEPS_INSERT, steps)
+        conn.executemany(PARAMS_INSERT, params)
         moved += len(steps)
     for t in ("steps", "series", "step_agg", "records", "streams"):
         conn.execute(f"DROP TABLE v2_{t}")

@@ -161,16 +161,16 @@ class PgConn:
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> _Cursor:
         """Run one statement (SQLite's form) with ``?`` parameters."""
         s, returning = self._statement(sql)
-        held = self._held
+        held, packs = self._held, s.startswith(pgpack.PACKS)
         if held is not None:
-            if s.startswith(pgpack.PACKS):
+            if packs:
                 parameters = (*parameters, *held.arrays(parameters[0], parameters[1]))
             elif s == "ROLLBACK":
                 held.drop()
             elif touches(s):
                 held.store(self.raw)
         cur = self.raw.execute(s, parameters)
-        if self._packed is not None and s.startswith(pgpack.PACKS):
+        if packs and self._packed is not None:
             self._packed()
         if returning is not None:
             row = cur.fetchone()
@@ -181,8 +181,11 @@ class PgConn:
         """Run one statement per parameter row (pipelined by psycopg)."""
         s, _ = self._statement(sql)
         rows = list(parameters)
-        if self._held is not None and self.in_transaction and self._held.hold(s, rows):
-            return
+        if self._held is not None and self.in_transaction:
+            if self._held.hold(sql, rows):
+                return
+            if touches(s):  # as in execute: held rows go first
+                self._held.store(self.raw)
         if rows:
             with self.raw.cursor() as cur:
                 cur.executemany(s, rows)

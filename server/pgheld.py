@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from gradwatch.server.db import CHUNK
-from gradwatch.server.pgpack import PARAM_COLUMNS, PARAM_INSERT, STEP_COLUMNS, STEP_INSERT
+from gradwatch.server.pgpack import PARAM_COLUMNS, STEP_COLUMNS
+from gradwatch.server.steptable import PARAMS_INSERT, STEPS_INSERT
 
 _FLOATS = frozenset(i for i, (_, t) in enumerate(STEP_COLUMNS) if t == "DOUBLE PRECISION")
-_STEP_ROWS = STEP_INSERT.split("?")[0]
-_PARAM_ROWS = PARAM_INSERT.split("?")[0]
-Rows = dict[tuple[int, int], list[tuple[Any, ...]]]
+_STORE = f"INSERT INTO step_rows VALUES({','.join(['%s'] * (len(STEP_COLUMNS) + 4))})"
+"""A held step into ``step_rows``: sid, the ``steps`` columns, pkept, pnorms, pfresh."""
 
 
 def touches(s: str) -> bool:
@@ -35,62 +35,60 @@ class HeldRows:
     """
 
     def __init__(self) -> None:
-        self._steps: Rows = {}
-        self._params: Rows = {}
+        self._steps: dict[tuple[int, int], dict[int, tuple[Any, ...]]] = {}
+        """(sid, chunk): the held steps' rows, by step."""
+        self._norms: dict[tuple[int, int], tuple[Any, Any]] = {}
+        """(sid, step) of a held step: its per-parameter norms and fresh norms."""
 
-    def hold(self, s: str, rows: list[Sequence[Any]]) -> bool:
+    def hold(self, sql: str, rows: list[Sequence[Any]]) -> bool:
         """Take the rows of the writer's insert of steps or of their per-parameter norms
-        (:data:`~server.pgpack.STEP_INSERT`, :data:`~server.pgpack.PARAM_INSERT`; False:
-        another statement)."""
-        held = self._steps if s.startswith(_STEP_ROWS) else \
-            self._params if s.startswith(_PARAM_ROWS) else None
-        if held is None:
+        (SQLite's words: :data:`~server.steptable.STEPS_INSERT`,
+        :data:`~server.steptable.PARAMS_INSERT`). False: another statement, or norms of a
+        step not held (stored before: they go to its row as outside a transaction)."""
+        if sql == STEPS_INSERT:
+            for r in rows:
+                self._steps.setdefault((r[0], r[1] // CHUNK), {})[r[1]] = tuple(r)
+            return True
+        if sql != PARAMS_INSERT or not all(
+                r[1] in self._steps.get((r[0], r[1] // CHUNK), ()) for r in rows):
             return False
         for r in rows:
-            held.setdefault((int(r[0]), int(r[1]) // CHUNK), []).append(tuple(r))
+            self._norms[(r[0], r[1])] = (r[2], r[3])
         return True
 
     def arrays(self, sid: int, chunk: int) -> list[Any]:
         """The held rows of one chunk as ``gw_put_agg``'s arrays (NULLs: none), let go."""
-        steps = self._steps.pop((sid, chunk), None)
-        params = self._params.pop((sid, chunk), [])
-        if steps is None:
-            if params:  # never without their steps; stored as they came, to be safe
-                self._params[(sid, chunk)] = params
+        held = self._steps.pop((sid, chunk), None)
+        if held is None:
             return [None] * (len(STEP_COLUMNS) + len(PARAM_COLUMNS))
-        steps.sort(key=lambda r: r[1])
-        cols: list[Any] = [list(c) for c in zip(*steps, strict=True)][1:]
+        order = sorted(held)
+        cols: list[Any] = [list(c) for c in zip(*(held[k] for k in order), strict=True)][1:]
         for i in _FLOATS:  # psycopg dumps a list of one type
             cols[i] = [None if x is None else float(x) for x in cols[i]]
         cols = [None if all(x is None for x in c) else c for c in cols]  # as _agg
-        if not params:
+        norms = [(k, *self._norms.pop((sid, k))) for k in order if (sid, k) in self._norms]
+        if not norms:
             return [*cols, [], None, None]
-        params.sort(key=lambda r: r[1])
-        _, pstep, norms, fresh = (list(c) for c in zip(*params, strict=True))
-        fresh = [_bytes(x) for x in fresh]
-        return [*cols, pstep, [_bytes(x) for x in norms],
-                None if all(x is None for x in fresh) else fresh]
+        pstep, pnorms, pfresh = (list(c) for c in zip(*norms, strict=True))
+        pfresh = [_bytes(x) for x in pfresh]
+        return [*cols, pstep, [_bytes(x) for x in pnorms],
+                None if all(x is None for x in pfresh) else pfresh]
 
     def store(self, conn: Any) -> None:
         """Insert every held row into ``step_rows``, a step's per-parameter norms in its
         row (psycopg ``conn``)."""
-        params = {(r[0], r[1]): r[2:] for part in self._params.values() for r in part}
-        rows = [(*r, (r[0], r[1]) in params, *params.pop((r[0], r[1]), (None, None)))
-                for part in self._steps.values() for r in part]
-        self._steps.clear()
-        self._params.clear()
-        for s, got in ((f"INSERT INTO step_rows VALUES({','.join(['%s'] * len(rows[0]))})"
-                        if rows else "", rows),
-                       (PARAM_INSERT.replace("?", "%s"),  # norms of a step stored before
-                        [(*k, *v) for k, v in params.items()])):
-            if got:
-                with conn.cursor() as cur:
-                    cur.executemany(s, got)
+        norms = self._norms
+        rows = [(*r, (r[0], r[1]) in norms, *norms.get((r[0], r[1]), (None, None)))
+                for part in self._steps.values() for r in part.values()]
+        self.drop()
+        if rows:
+            with conn.cursor() as cur:
+                cur.executemany(_STORE, rows)
 
     def drop(self) -> None:
         """Forget every held row (the transaction rolled back)."""
         self._steps.clear()
-        self._params.clear()
+        self._norms.clear()
 
 
 def _bytes(x: bytes | str | None) -> bytes | None:

@@ -28,24 +28,30 @@ from __future__ import annotations
 import re
 
 from gradwatch.server.db import CHUNK
+from gradwatch.server.rows import STEPS_COLUMNS
+from gradwatch.server.series_read import SPAN
+from gradwatch.server.steptable import AGG_INSERT, PARAMS_INSERT, STEPS_INSERT
 
-STEP_COLUMNS = (
-    ("step", "BIGINT"), ("seq", "BIGINT"), ("t", "DOUBLE PRECISION"),
-    ("norm", "DOUBLE PRECISION"), ("fresh_norm", "DOUBLE PRECISION"),
-    ("drift", "DOUBLE PRECISION"), ("flags", "INTEGER"), ("stale", "BIGINT"),
-    ("leaked", "BIGINT"), ("late", "BIGINT"), ("discarded", "BIGINT"),
-    ("backwards", "BIGINT"), ("consumed", "BIGINT"), ("fresh", "BIGINT"),
-    ("closure_evals", "BIGINT"), ("rset", "BIGINT"), ("loss", "DOUBLE PRECISION"),
-    ("lr", "TEXT"), ("detail", "TEXT"))
-"""The columns of a ``steps`` row after ``sid``, in order (schema 4's table)."""
+_TYPES = {"t": "DOUBLE PRECISION", "norm": "DOUBLE PRECISION",
+          "fresh_norm": "DOUBLE PRECISION", "drift": "DOUBLE PRECISION", "flags": "INTEGER",
+          "loss": "DOUBLE PRECISION", "lr": "TEXT", "detail": "TEXT"}
+STEP_COLUMNS = tuple((c, _TYPES.get(c, "BIGINT")) for c in STEPS_COLUMNS)
+"""The columns of a ``steps`` row after ``sid``, in order, with their types (schema 4's
+table; the others are BIGINT)."""
 PARAM_COLUMNS = (("pstep", "step", "BIGINT"), ("pnorms", "norms", "BYTEA"),
                  ("pfresh", "fresh", "BYTEA"))
 """``step_packs`` arrays of the ``param_norms`` rows: (array, column, type)."""
 
 _STEP_NAMES = ", ".join(c for c, _ in STEP_COLUMNS)
 _STEP_ARRAYS = ", ".join(f"p.{c}" for c, _ in STEP_COLUMNS)
-_FULL = f"ARRAY(SELECT generate_series(p.chunk * {CHUNK}, p.chunk * {CHUNK} + {CHUNK - 1}))"
-_ALL = f"coalesce(p.step, {_FULL})"
+
+
+def _every_step(chunk: str) -> str:
+    """Every step of the chunk ``chunk`` (an SQL expression) as an array."""
+    return f"ARRAY(SELECT generate_series({chunk} * {CHUNK}, {chunk} * {CHUNK} + {CHUNK - 1}))"
+
+
+_ALL = f"coalesce(p.step, {_every_step('p.chunk')})"
 """A pack's steps: its ``step`` array is NULL when they are every step of the chunk (the
 usual case), derived here."""
 _STEP = f"coalesce(u.step, p.chunk * {CHUNK} + u.i - 1)"
@@ -116,8 +122,8 @@ def _agg(column: str, name: str | None = None) -> str:
     return f"{agg} AS {name or column}"
 
 
-_R_ARGS = ", ".join([f"r_{c}" for c, _ in STEP_COLUMNS]
-                    + [f"r_{a}" for a, _, _ in PARAM_COLUMNS])
+_R_STEPS = ", ".join(f"r_{c}" for c, _ in STEP_COLUMNS)
+_R_ARGS = ", ".join([_R_STEPS] + [f"r_{a}" for a, _, _ in PARAM_COLUMNS])
 _R_PARAMS = ", ".join([f"r_{c} {t}[]" for c, t in STEP_COLUMNS]
                       + [f"r_{a} {t}[]" for a, _, t in PARAM_COLUMNS])
 
@@ -126,12 +132,11 @@ def _put_pack() -> str:
     """``gw_put_pack``: store one chunk's rows (its columns as arrays in step order) as
     its pack, replacing any: ``step`` NULL when every step of the chunk is there (``{}``
     when none is), ``seq`` as seq - step, NULL and ``dseq`` when that is one value."""
-    full = f"ARRAY(SELECT generate_series(c * {CHUNK}, c * {CHUNK} + {CHUNK - 1}))"
     return f"""
 CREATE FUNCTION gw_put_pack(s BIGINT, c BIGINT, {_R_PARAMS}) RETURNS VOID
 LANGUAGE sql AS $$
   INSERT INTO step_packs SELECT s, c, CASE WHEN k.one THEN k.d[1] END,
-    CASE WHEN r_step IS NULL THEN '{{}}' WHEN r_step = {full} THEN NULL ELSE r_step END,
+    CASE WHEN r_step IS NULL THEN '{{}}' WHEN r_step = {_every_step('c')} THEN NULL ELSE r_step END,
     CASE WHEN k.one THEN NULL ELSE k.d END,
     {", ".join(f"r_{c}" for c, _ in STEP_COLUMNS[2:])},
     CASE WHEN r_pnorms IS NULL THEN '{{}}' WHEN r_pstep = r_step THEN NULL
@@ -203,7 +208,7 @@ BEGIN
     {", ".join(f"b.{a}" for a, _, _ in PARAM_COLUMNS)}) FROM
     (SELECT {", ".join(_agg(c) for c, _ in STEP_COLUMNS)}
      FROM (SELECT * FROM gw_steps_in(s, lo, hi) UNION ALL SELECT s, u.* FROM
-       unnest({", ".join(f"r_{c}" for c, _ in STEP_COLUMNS)}) AS u({_STEP_NAMES})) q) a,
+       unnest({_R_STEPS}) AS u({_STEP_NAMES})) q) a,
     (SELECT {", ".join(_agg(c, a) for a, c, _ in PARAM_COLUMNS)}
      FROM (SELECT * FROM gw_param_norms_in(s, lo, hi) UNION ALL SELECT s, v.* FROM
        unnest(r_pstep, r_pnorms, r_pfresh) AS v(step, norms, fresh)) q) b;
@@ -251,28 +256,24 @@ PACKS = "SELECT gw_put_agg("
 HOT_TABLES = ("step_rows",)
 """Where the open chunks' rows come and go: the vacuum after packing keeps them small."""
 
-STEP_INSERT = "INSERT INTO step_rows VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-"""The writer's insert of an open chunk's step (held by :class:`server.pgheld.HeldRows`)."""
-PARAM_INSERT = ("INSERT INTO step_rows(sid, step, seq, flags, pkept, pnorms, pfresh) "
-                "VALUES(?, ?, 0, 0, TRUE, ?, ?) ON CONFLICT (sid, step) DO UPDATE SET "
-                "pkept = TRUE, pnorms = EXCLUDED.pnorms, pfresh = EXCLUDED.pfresh")
+_PARAM_INSERT = ("INSERT INTO step_rows(sid, step, seq, flags, pkept, pnorms, pfresh) "
+                 "VALUES(?, ?, 0, 0, TRUE, ?, ?) ON CONFLICT (sid, step) DO UPDATE SET "
+                 "pkept = TRUE, pnorms = EXCLUDED.pnorms, pfresh = EXCLUDED.pfresh")
 """The writer's insert of a step's per-parameter norms: into its step's row, stored
-before it (held by :class:`server.pgheld.HeldRows` in a transaction)."""
+before it (in a transaction, :class:`server.pgheld.HeldRows` holds both)."""
 
-_SPAN = "SELECT step FROM {t} WHERE sid=? AND step BETWEEN ? AND ? ORDER BY step{d} LIMIT 1"
 _EXACT = {
-    "INSERT INTO steps VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)":
-        STEP_INSERT,
-    "INSERT INTO param_norms VALUES(?,?,?,?)": PARAM_INSERT,
-    "INSERT OR REPLACE INTO step_agg VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)":
-        "SELECT gw_put_agg(?,?,?,?,?,?,?,?,?,?,?,?,?,?," + ",".join(
-            f"?::{t}[]" for _, t in STEP_COLUMNS) + "," + ",".join(
-            f"?::{t}[]" for _, _, t in PARAM_COLUMNS) + ")",
+    STEPS_INSERT: STEPS_INSERT.replace(" steps ", " step_rows ", 1),
+    PARAMS_INSERT: _PARAM_INSERT,
+    # the summary's values, then the chunk's held rows as arrays (server.pgheld)
+    AGG_INSERT: PACKS + AGG_INSERT.partition("VALUES(")[2][:-1] + "," + ",".join(
+        [f"?::{t}[]" for _, t in STEP_COLUMNS] + [f"?::{t}[]" for _, _, t in PARAM_COLUMNS])
+    + ")",
     "DELETE FROM steps WHERE sid=?": "SELECT gw_forget(?)",
     "DELETE FROM param_norms WHERE sid=?": "SELECT gw_forget(?)",
     "SELECT max(step) FROM steps WHERE sid=?": f"SELECT gw_last_step(?, -1, {_MAX})",
-    **{_SPAN.format(t=t, d=d): f"SELECT x FROM (SELECT {f}(?, ?, ?) AS x) q "
-                               "WHERE x IS NOT NULL"
+    **{SPAN.format(table=t, order=d): f"SELECT x FROM (SELECT {f}(?, ?, ?) AS x) q "
+                                      "WHERE x IS NOT NULL"
        for t, d, f in (("steps", "", "gw_first_step"), ("steps", " DESC", "gw_last_step"),
                        ("param_norms", "", "gw_first_param"),
                        ("param_norms", " DESC", "gw_last_param"))},

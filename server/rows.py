@@ -91,14 +91,15 @@ class StepCols(NamedTuple):
 
     def steps_values(self, sid: int) -> tuple[Any, ...]:
         """The ``steps`` row of this step in series ``sid`` (``rset`` as filled in)."""
-        return (sid, *self[:_N_STEPS_COLUMNS])
+        return (sid, *self[:len(STEPS_COLUMNS)])
 
     def has_params(self) -> bool:
         """Whether the step carries per-parameter norms."""
         return self.params is not None or self.pfresh is not None
 
 
-_N_STEPS_COLUMNS = StepCols._fields.index("detail") + 1
+STEPS_COLUMNS = StepCols._fields[:StepCols._fields.index("detail") + 1]
+"""The ``steps`` columns after ``sid``, in table order."""
 
 
 KEEP_NONFINITE = ("norm", "drift")

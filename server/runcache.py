@@ -84,8 +84,13 @@ class RunCache:
         and the other servers on the database hear of it."""
         if self.database.shared:
             st.gen += 1
-            self.database.bump(self.conn, st.id, st.gen)
-            self.database.announce(self.conn, note_of(self.server, st.id, res, deleted))
+            self._bump(st.id, st.gen, res, deleted)
+
+    def _bump(self, run_id: str, gen: int, res: IngestResult | None = None,
+              deleted: bool = False) -> None:
+        """Store the run's new write generation and tell the other servers."""
+        self.database.bump(self.conn, run_id, gen)
+        self.database.announce(self.conn, note_of(self.server, run_id, res, deleted))
 
     def interrupt_unheld(self, among: Container[str] | None = None,
                          why: str = "were live at shutdown") -> tuple[list[str], set[str]]:
@@ -112,9 +117,7 @@ class RunCache:
                              [(run,) for run in lost])
             if self.database.shared:  # other servers' cached states and dashboards
                 for run in lost:
-                    gen = self.database.generation(conn, run) or 0
-                    self.database.bump(conn, run, gen + 1)
-                    self.database.announce(conn, note_of(self.server, run))
+                    self._bump(run, (self.database.generation(conn, run) or 0) + 1)
             conn.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(self.database.Error):

@@ -36,17 +36,18 @@ BUCKET_MAX = ("SELECT k, step, max(v) FROM (SELECT step / ? AS k, step, "
               f"coalesce(norm, -1) AS v FROM steps {_KEY}) GROUP BY k")
 """Per bucket of ``b`` steps, the largest norm and its step (the first such step on ties:
 SQLite fills the bare column ``step`` from the first row holding the max)."""
+SPAN = "SELECT step FROM {table} " + _KEY + " ORDER BY step{order} LIMIT 1"
+"""The first (``order`` "") or last (" DESC") step of ``table`` rows matching a key."""
 _LIGHT = (f"SELECT step, norm, drift, {MUST_KEEP_SQL}, rset FROM steps {_KEY} "
           f"ORDER BY step")
 
 
 def span(c: Conn, table: str, key: Key) -> tuple[int, int] | None:
     """First and last step of ``table`` rows matching ``key`` (sid, lo, hi)."""
-    first = c.execute(f"SELECT step FROM {table} {_KEY} ORDER BY step LIMIT 1", key).fetchone()
+    first = c.execute(SPAN.format(table=table, order=""), key).fetchone()
     if first is None:
         return None
-    last = c.execute(f"SELECT step FROM {table} {_KEY} ORDER BY step DESC LIMIT 1",
-                     key).fetchone()
+    last = c.execute(SPAN.format(table=table, order=" DESC"), key).fetchone()
     return int(first[0]), int(last[0])
 
 

@@ -22,7 +22,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from gradwatch.server.downsampling import Bucket
-from gradwatch.server.rows import KEEP_NONFINITE, Row, StepCols
+from gradwatch.server.rows import KEEP_NONFINITE, STEPS_COLUMNS, Row, StepCols
 from gradwatch.verdict import FINDING_FACTS
 from gradwatch.wire import Step
 
@@ -49,6 +49,12 @@ _COLUMNS = ("norm", "fresh_norm", "drift", "skipped", "stale", "leaked",
 """Step fields the columns hold; every other non-default field goes to ``detail``."""
 _DETAIL = tuple(f for f in Step.model_fields if f not in _COLUMNS)
 _DEFAULTS = {f: Step.model_fields[f].get_default(call_default_factory=True) for f in _DETAIL}
+
+STEPS_INSERT = f"INSERT INTO steps VALUES({','.join('?' * (1 + len(STEPS_COLUMNS)))})"
+"""The writer's insert of ``steps`` rows (:meth:`~server.rows.StepCols.steps_values`)."""
+PARAMS_INSERT = "INSERT INTO param_norms VALUES(?,?,?,?)"
+"""The writer's insert of a step's per-parameter norms (sid, step, norms, fresh), after
+its step's row."""
 
 STEPS_FROM = ("FROM steps s JOIN series e ON e.sid=s.sid "
               "LEFT JOIN reset_sets z ON z.id=s.rset ")
@@ -294,6 +300,8 @@ def read_rows(conn: Conn, sid: int, lo: int, hi: int) -> list[Row]:
     return [to_row(t) for t in cur]
 
 
+AGG_INSERT = "INSERT OR REPLACE INTO step_agg VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+"""The writer's row of a chunk summary: (sid, chunk, *:func:`agg_values`)."""
 AGG_SELECT = ("SELECT chunk, mn_norm, mn_norm_step, mx_norm, mx_norm_step, mn_drift, "
               "mn_drift_step, mx_drift, mx_drift_step, flag_step, sig FROM step_agg ")
 """Reads chunk summaries for :func:`bucket_of`; append the WHERE clause."""

@@ -18,6 +18,7 @@ from gradwatch.server.batch import Batch, Entry, IngestResult
 from gradwatch.server.errors import InvalidStream
 from gradwatch.server.rows import Row, StepCols, must_keep
 from gradwatch.server.runstate import RunState
+from gradwatch.server.steptable import PARAMS_INSERT, STEPS_INSERT
 from gradwatch.wire import End, Header, OptimizerInfo, Scalars, Stats
 
 if TYPE_CHECKING:
@@ -29,8 +30,6 @@ optimizer, and thousands would keep a tab busy for seconds."""
 
 _INSERT_RECORD = "INSERT OR IGNORE INTO records(rid, rank, seq, kind, body) VALUES(?,?,?,?,?)"
 _INSERT_SCALARS = "INSERT OR IGNORE INTO scalars VALUES(?,?,?,?,?,?,?)"
-_INSERT_STEP = "INSERT INTO steps VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-_INSERT_PARAMS = "INSERT INTO param_norms VALUES(?,?,?,?)"
 
 
 class ResetSets:
@@ -167,8 +166,8 @@ def write_batch(conn: Conn, st: RunState, batch: Batch, res: IngestResult,
             st.finding_keys.add(key)
             conn.execute("INSERT OR REPLACE INTO findings VALUES(?,?,?,?,?,?)",
                          (rid, *key, f.first_step, f.model_dump_json()))
-    conn.executemany(_INSERT_STEP, step_rows)
-    conn.executemany(_INSERT_PARAMS, param_rows)
+    conn.executemany(STEPS_INSERT, step_rows)
+    conn.executemany(PARAMS_INSERT, param_rows)
     for sid, rows in touched.items():
         st.chunks.add(conn, sid, rows)
     if changed:

@@ -11,7 +11,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "storage_pg.py"
 
 
-def test_storage_pg_bench_prints_both_runs_of_both_backends() -> None:
+def test_storage_pg_bench_prints_both_runs_of_both_backends(pg_installed: None) -> None:
     out = subprocess.run([sys.executable, str(BENCH), "--steps", "300"],
                          capture_output=True, text=True, timeout=300, check=True).stdout
     got = json.loads(out.splitlines()[-1])

@@ -25,6 +25,16 @@ def status(url: str, run: str) -> str:
     return str(row[0])
 
 
+def waiting_for(url: str, pid: int) -> None:
+    """Return once a session of ``url`` waits for a lock that backend ``pid`` holds."""
+    deadline = time.monotonic() + 30
+    with psycopg.connect(url, autocommit=True) as c:
+        while not c.execute("SELECT 1 FROM pg_stat_activity WHERE %s = ANY("
+                            "pg_blocking_pids(pid))", (pid,)).fetchone():
+            assert time.monotonic() < deadline, "no session waited on the other's row"
+            time.sleep(0.05)
+
+
 def test_a_stream_that_moved_to_another_server_is_not_marked_interrupted(
         pg_cluster: Any) -> None:
     url = pg_cluster.new_database()
@@ -148,7 +158,7 @@ def test_servers_adding_the_same_reset_set_at_once_keep_it_once(pg_cluster: Any)
     try:
         other.execute("INSERT INTO reset_sets(body, summary) VALUES(%s, %s)", (body, summary))
         stored = s.submit(s.ingest, batch_of_records("run1", 0, recs))
-        time.sleep(0.5)  # the writer now waits on the other transaction's row
+        waiting_for(url, other.info.backend_pid)  # the writer's insert waits on that row
         other.commit()
         assert stored.result(30).ack == len(recs) - 1
         with psycopg.connect(url) as c:

@@ -8,6 +8,7 @@ hold what only PostgreSQL has: the migration and where the rows went."""
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Any
 
 import psycopg
@@ -16,7 +17,9 @@ import synth
 from gradwatch.server.batch import batch_of_records
 from gradwatch.server.db import CHUNK
 from gradwatch.server.migrate import statements
+from gradwatch.server.pgdb import PostgresDatabase
 from gradwatch.server.pgschema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
+from gradwatch.server.steptable import PARAMS_INSERT, STEPS_INSERT
 from gradwatch.server.storage import Store
 from gradwatch.wire import Scalars
 
@@ -172,3 +175,32 @@ def test_steps_resent_into_a_packed_chunk_are_stored_once_and_read_in_order(
                              (2 * CHUNK,)).fetchone() == (0,)
     finally:
         s.close()
+
+
+def test_norms_of_a_step_stored_in_an_earlier_transaction_join_its_row(
+        pg_cluster: Any) -> None:
+    """The writer's step rows and their norms are held until stored (server/pgheld.py);
+    norms whose step is not held, stored before, go into that step's row: no step is
+    added or lost."""
+    url = pg_cluster.new_database()
+    conn = PostgresDatabase(url).open_writer()
+
+    def step(n: int) -> tuple[Any, ...]:  # sid 1, a plain step n (steptable's columns)
+        return (1, n, n, float(n), 1.5, None, None, 0, *[0] * 8, None, None, None, None)
+
+    one, two = array("f", [1.0, 2.0]).tobytes(), array("f", [3.0]).tobytes()
+    try:
+        for transaction in (  # a step with its norms, as writes.py stores them; then
+                ((STEPS_INSERT, [step(5), step(6)]), (PARAMS_INSERT, [(1, 6, one, None)])),
+                ((PARAMS_INSERT, [(1, 5, two, None)]),)):  # norms of a step stored before
+            conn.execute("BEGIN")
+            for stmt, rows in transaction:
+                conn.executemany(stmt, rows)
+            conn.execute("COMMIT")
+    finally:
+        conn.close()
+    with psycopg.connect(url) as c:
+        assert c.execute("SELECT step, seq, norm FROM steps ORDER BY step").fetchall() == [
+            (5, 5, 1.5), (6, 6, 1.5)]
+        assert c.execute("SELECT step, norms FROM param_norms ORDER BY step").fetchall() == [
+            (5, two), (6, one)]
