@@ -31,6 +31,8 @@ _PRUNE_AT = 50_000
 """First consumers kept before the oldest are forgotten, down to the last :data:`_KEEP`
 backwards (a reset never removes contributions that old)."""
 _KEEP = 20_000
+_PRUNE_CHECK = 1024
+"""Backwards between two checks of what is kept against :data:`_PRUNE_AT`."""
 
 
 class Backwards(Generic[L]):
@@ -40,7 +42,7 @@ class Backwards(Generic[L]):
     after each backward (a reset threw contributions away), where each backward was called,
     and the graph of the last one."""
 
-    __slots__ = ("last", "phase", "_stepped", "_first", "_observed", "armed", "lossy",
+    __slots__ = ("last", "phase", "stepped", "_first", "_observed", "armed", "lossy",
                  "_ledgers", "_site_bws", "_site_ids", "roots", "roots_bw", "held",
                  "phase_began", "_walked", "retained", "through", "single")
 
@@ -48,7 +50,9 @@ class Backwards(Generic[L]):
         self.last = 0
         """The number of the last backward (they count from 1)."""
         self.phase = 0
-        self._stepped = False
+        self.stepped = False
+        """A step ended since the last backward: the next one starts a new phase. Set by
+        the ledger that stepped (a field, not a method: no frame on the usual step)."""
         self.phase_began = False
         """The last backward started a phase (the first backward after a step)."""
         self._first: dict[int, tuple[int, int]] = {}
@@ -99,13 +103,17 @@ class Backwards(Generic[L]):
         """A backward starts, called at ``site`` from ``roots`` (None when it retains its
         graph; ``tensors`` as passed): its number (after a step, it starts a new phase)."""
         bw = self.last = self.last + 1
-        if self._stepped:
+        if self.stepped:
             self.phase += 1
-            self._stepped = False
+            self.stepped = False
             self.phase_began = True
             self.through.clear()
         else:
             self.phase_began = False
+        # (each backward adds at most one of each: checked every _PRUNE_CHECK backwards)
+        if not bw % _PRUNE_CHECK and (len(self._first) > _PRUNE_AT
+                                      or len(self._site_bws) > _PRUNE_AT):
+            self._prune()
         kept = self.retained
         if kept is not None and self.lossy and kept[0] == bw - 1:
             # a reset lost the last backward's contributions: did it retain the graph this
@@ -184,12 +192,11 @@ class Backwards(Generic[L]):
         """A skipped step looked at the contributions of backwards ``bws``."""
         self._observed.update(bws)
 
-    def stepped(self) -> None:
-        """A step ended: the next backward starts a new phase; forget old backwards."""
-        self._stepped = True
-        if len(self._first) > _PRUNE_AT or len(self._site_bws) > _PRUNE_AT:
-            cut = self.last - _KEEP
-            self._first = {b: v for b, v in self._first.items() if b >= cut}
-            self._observed = {b for b in self._observed if b >= cut}
-            i = max(0, bisect_right(self._site_bws, cut) - 1)  # keep the run holding cut
-            del self._site_bws[:i], self._site_ids[:i]
+    def _prune(self) -> None:
+        """Forget old backwards (when many are kept): a reset never removes contributions
+        that old."""
+        cut = self.last - _KEEP
+        self._first = {b: v for b, v in self._first.items() if b >= cut}
+        self._observed = {b for b in self._observed if b >= cut}
+        i = max(0, bisect_right(self._site_bws, cut) - 1)  # keep the run holding cut
+        del self._site_bws[:i], self._site_ids[:i]

@@ -22,7 +22,7 @@ device, a sparse or a create_graph gradient, more or fewer of them)."""
 
 def _require_cpu(grads: list[torch.Tensor]) -> None:
     """Refuse gradients off the CPU: there a kernel's result (or its own device check) could
-    cost a sync, so no sync depends on that."""
+    cost a sync, so no sync depends on that. (Inlined in :meth:`CpuPlan.read`.)"""
     if not all(map(_is_cpu, grads)):
         raise RuntimeError("gradients left the CPU")
 
@@ -114,8 +114,13 @@ class CpuPlan:
         takes the generic way with grad mode off.
         """
         if (host := self.host) is not None:
+            # :meth:`_into_slots` and :func:`_require_cpu`, inlined: the usual model's step
+            # reads its norms here, with no frame beyond this one (change all three alike)
             try:
-                self._into_slots(grads)
+                if not all(map(_is_cpu, grads)):
+                    raise RuntimeError("gradients left the CPU")
+                for g, slot in zip(grads, self.slots, strict=True):
+                    _vector_norm(g, out=slot)
             except _MISFIT:
                 self.failed = True
                 return None
@@ -131,6 +136,7 @@ class CpuPlan:
         return torch.stack(torch._foreach_norm(grads))
 
     def _into_slots(self, grads: list[torch.Tensor]) -> None:
+        # (inlined in :meth:`read`: change both)
         _require_cpu(grads)
         for g, slot in zip(grads, self.slots, strict=True):
             _vector_norm(g, out=slot)

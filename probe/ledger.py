@@ -207,7 +207,7 @@ class Ledger:
             backwards.armed.add(self)
             self.step += 1
             self.in_step = False
-            backwards.stepped()
+            backwards.stepped = True
             if backwards.lossy and self in backwards.lossy:
                 backwards.lossy.discard(self)
                 self.deliberate.forget()
@@ -372,7 +372,7 @@ class Ledger:
         (The textbook step of :meth:`plain_step` does the same inline: change both.)"""
         self.step += 1
         self.in_step = False
-        self.backwards.stepped()
+        self.backwards.stepped = True
         lossy = self.backwards.lossy
         if lossy and self in lossy:
             lossy.discard(self)

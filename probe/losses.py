@@ -208,7 +208,7 @@ def learning_rates(opt: Any) -> list[float] | None:
     try:
         groups = opt.param_groups
         if len(groups) == 1 and type(lr := groups[0].get("lr")) is float:
-            return [lr]  # the usual optimizer, first: the fewest calls
+            return [lr]  # the usual optimizer, first (inlined in Tracker._emit_step too)
         out = []
         for g in groups:
             lr = g.get("lr")

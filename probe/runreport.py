@@ -88,8 +88,6 @@ def judge(session: AutoSession) -> tuple[list[Finding], int, int]:
 
 def verdict(outcome: Outcome, findings: list[Finding], steps: int, streams: int,
              session: AutoSession, launcher: str | None) -> str:
-    from gradwatch.report import finding_lines
-
     handle = session.handle
     if session.failed:
         return f"gradwatch: could not watch this run ({session.failed}): nothing was judged"
@@ -128,8 +126,11 @@ def verdict(outcome: Outcome, findings: list[Finding], steps: int, streams: int,
         lines.append(f"gradwatch: {counted}, no gradient-reset bug found{where}")
     else:
         lines.append(f"gradwatch: {counted}, {found}{where}")
-    for f in findings:
-        lines += ["  " + x for x in finding_lines(f, streams=streams > 1)]
+    if findings:  # (only then: the report's modules, the verdict's among them, load)
+        from gradwatch.report import finding_lines
+
+        for f in findings:
+            lines += ["  " + x for x in finding_lines(f, streams=streams > 1)]
     if handle is not None and handle.writer.dropped:
         lines.append(f"gradwatch: {handle.writer.dropped} records were dropped (queue full)")
     return "\n".join(lines)

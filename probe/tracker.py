@@ -357,7 +357,14 @@ class Tracker:
         else:  # textbook: one backward, whose marker leads the hooks' list
             facts.roots = self.roots.take((-facts.hits[0],))
         if opt is not None:
-            facts.lr = learning_rates(opt)
+            # :func:`learning_rates`' first case inlined (one group, a float lr: no frame on
+            # the usual step); every check is a type test, so nothing here can raise
+            groups = getattr(opt, "param_groups", None)
+            if (type(groups) is list and len(groups) == 1 and type(g := groups[0]) is dict
+                    and type(lr := g.get("lr")) is float):
+                facts.lr = [lr]
+            else:
+                facts.lr = learning_rates(opt)
         self.last_step = (facts.opt, facts.step)
         self.emit(facts)
         self.step_count.n += 1

@@ -17,6 +17,7 @@ import torch
 
 import gradwatch
 from gradwatch.probe import records
+from gradwatch.probe.backwards import _KEEP, _PRUNE_AT, _PRUNE_CHECK, Backwards
 from gradwatch.probe.contributions import _MAX_PENDING, Contributions
 from gradwatch.probe.facts import TextbookStep
 from gradwatch.probe.ledger import Ledger
@@ -255,3 +256,21 @@ def test_lookup_reset_params() -> None:
     assert lookup.reset_params([((), [[-3, params[1]]])]) == [1]
     assert lookup.reset_params([((1,), [[-4, 2, 0, -5, 2]]), ((), [one])]) == [0, 1, 2]
     assert lookup.reset_params([((2,), ())]) == [2]
+
+
+def test_a_long_run_of_two_optimizers_forgets_old_backwards_only() -> None:
+    """Two optimizers keep each backward's first consumer and where it was called; over a
+    long run the oldest are forgotten (memory stays bounded) while the recent ones still
+    tell a leak and name their call site."""
+    b: Backwards[object] = Backwards()
+    d, g = b.join(), b.join()
+    for _ in range(_PRUNE_AT + 3 * _PRUNE_CHECK):
+        bw = b.begin(site=1 + (b.last + 1) % 2)  # two lines in turn: a new run each time
+        assert b.claim(d, (bw,))
+        b.stepped = True  # D stepped: the next backward starts a phase
+    assert _KEEP <= b.first_consumers <= _PRUNE_AT + _PRUNE_CHECK
+    b.begin(site=3)  # a new phase: what D consumed before leaks to G
+    recent = b.last - 5
+    assert b.leaked(g, [recent]) == [recent]
+    assert b.site_of(recent) == 1 + recent % 2
+    assert b.leaked(g, [2]) == [] and b.site_of(2) == 0  # forgotten

@@ -160,6 +160,31 @@ def test_tensor_and_missing_learning_rates() -> None:
     assert losses.learning_rates(opt) is None
 
 
+def test_each_step_records_the_learning_rates_its_groups_held(tmp_path: Path) -> None:
+    """The usual single float lr, a tensor lr, two groups, an int lr: what each step
+    records is what the optimizer held at that step."""
+    model = mlp()
+    head = list(model.parameters())[-2:]
+    body = list(model.parameters())[:-2]
+    opt = torch.optim.SGD([{"params": body}], lr=0.1)
+    held: list[list[float] | None] = []
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl", norms_every=0):
+        for i in range(4):
+            if i == 1:
+                opt.param_groups[0]["lr"] = torch.tensor(0.25)
+            if i == 2:
+                opt.param_groups[0]["lr"] = 0.05
+                opt.add_param_group({"params": head, "lr": 0.5})
+            if i == 3:
+                opt.param_groups[1]["lr"] = 2  # an int: a number all the same
+            opt.zero_grad()
+            loss_of(model, i).backward()
+            held.append(losses.learning_rates(opt))
+            opt.step()
+    assert held == [[0.1], [0.25], [0.05, 0.5], [0.05, 2.0]]
+    assert [s.lr for s in _steps(tmp_path / "a.jsonl")] == held
+
+
 class _FakeEvent:
     log: list[str] = []
 
