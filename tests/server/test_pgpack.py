@@ -120,13 +120,17 @@ def test_a_schema_5_database_migrates_to_packed_steps_and_reads_back_equal(
         old = pg_cluster.new_database()
         schema_5_copy(first, old)
         assert kinds(old) == {"steps": "r", "param_norms": "r"}
-        b = Store(old)  # migrates 5 -> 6
+        b = Store(old)  # migrates 5 -> 7
         b.start()
         try:
             assert kinds(old) == {"steps": "v", "param_norms": "v", "step_packs": "r"}
             with psycopg.connect(old) as c:
                 assert c.execute("SELECT version FROM gradwatch_schema").fetchone() == (
                     SCHEMA_VERSION,)
+                # schema 7: the packing function is PL/pgSQL (a session plans it once)
+                assert c.execute("SELECT l.lanname FROM pg_proc p JOIN pg_language l ON "
+                                 "l.oid = p.prolang WHERE p.proname = 'gw_put_pack'"
+                                 ).fetchall() == [("plpgsql",)]
                 # Every summarised chunk packed; only the open chunks' rows left a row each.
                 packed, open_rows = c.execute(
                     "SELECT (SELECT count(*) FROM step_packs), "
