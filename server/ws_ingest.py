@@ -159,7 +159,8 @@ class IngestSession:
                 else:
                     await self._store([frame])
         except Refused as e:
-            await self._store(held)  # read before the refused frame: stored and acked
+            with contextlib.suppress(Refused):  # a busy store refuses those too
+                await self._store(held)  # read before the refused frame: stored, acked
             return e
         except WebSocketDisconnect:
             self._store_unacked(held)
@@ -199,9 +200,10 @@ class IngestSession:
             await self.pending.put(job)
 
     def _store_unacked(self, frames: list[Batch]) -> None:
-        """Store frames of a client that left (nothing to ack)."""
+        """Store frames of a client that left (nothing to ack; a busy store: not)."""
         if frames:
-            _forget(self._submit(frames))
+            with contextlib.suppress(Refused):
+                _forget(self._submit(frames))
 
     async def _prove(self, frame: Any) -> None:
         """Keep a connection on trial only if ``frame`` is a hello holding the key of a
