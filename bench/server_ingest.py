@@ -278,7 +278,7 @@ def many_on_postgres(db: str, tmp: Path, steps: int, seconds: float
     cluster = None
     if db == "postgresql":
         from tests.pgcluster import Cluster
-        cluster = Cluster()
+        cluster = Cluster(durable=True)  # flushed as SQLite's server flushes
         db = cluster.new_database()
     try:
         srvs = [ServerProc(tmp / f"pg{i}" / "data", None, "--db", db, *SERVE_OPTS)

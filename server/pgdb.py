@@ -14,6 +14,7 @@ as the engine's error, so the batch is refused and resent. Imports psycopg: only
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -85,12 +86,25 @@ def pg_sql(sql: str, reader: bool = False) -> tuple[str, str | None]:
 
 
 class _Cursor:
-    """A finished statement, as :class:`sqlite3.Cursor` reads (rows fetched, an id)."""
+    """A statement's outcome, as :class:`sqlite3.Cursor` reads (rows fetched, an id).
 
-    def __init__(self, cur: psycopg.Cursor[Any], lastrowid: int | None = None):
+    In the writer's pipeline its results come when first read: the row count waits for
+    the pipeline to sync (one round trip for every statement queued before it); rows
+    are fetched by psycopg on demand.
+    """
+
+    def __init__(self, cur: psycopg.Cursor[Any], lastrowid: int | None = None,
+                 pipeline: psycopg.Pipeline | None = None):
         self._cur = cur
-        self.rowcount = cur.rowcount
+        self._pipeline = pipeline
         self.lastrowid = lastrowid
+
+    @property
+    def rowcount(self) -> int:
+        if self._pipeline is not None:
+            self._pipeline.sync()
+            self._pipeline = None
+        return self._cur.rowcount
 
     def fetchone(self) -> Any:
         return self._cur.fetchone()
@@ -108,6 +122,14 @@ class _Cursor:
 class PgConn:
     """A psycopg connection that runs the storage modules' statements (see module doc).
 
+    The writer's transactions run in psycopg's pipeline mode, from ``BEGIN`` to
+    ``COMMIT``: a statement is sent at once but its outcome is waited for only when
+    something reads it (a row, a row count, a new id) and at ``COMMIT``, so a batch's
+    writes that nobody reads (its rows, counters, chunk packs, the run's generation and
+    note) cost one round trip together, not one each. A statement that fails fails the
+    transaction as before: its error is raised where the pipeline next waits (at the
+    latest at ``COMMIT``), and the batch is rolled back whole.
+
     Args:
         url: the database URL.
         reader: a reader's connection (snapshots, read-only).
@@ -123,6 +145,8 @@ class PgConn:
         self._held = None if reader else HeldRows()
         self._conn: psycopg.Connection[Any] | None = None
         self._upserts: dict[str, str] = {}
+        self._pipe: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None
+        self._pipeline: psycopg.Pipeline | None = None
         self._open()
 
     def _open(self) -> psycopg.Connection[Any]:
@@ -142,8 +166,9 @@ class PgConn:
     def in_transaction(self) -> bool:
         """Whether a transaction is open (or failed and not yet rolled back)."""
         conn = self._conn
-        return conn is not None and not conn.closed and \
-            conn.info.transaction_status != TransactionStatus.IDLE
+        return self._pipeline is not None or (
+            conn is not None and not conn.closed
+            and conn.info.transaction_status != TransactionStatus.IDLE)
 
     def _statement(self, sql: str) -> tuple[str, str | None]:
         s, returning = pg_sql(sql, self._reader)
@@ -169,13 +194,40 @@ class PgConn:
                 held.drop()
             elif touches(s):
                 held.store(self.raw)
+        if s == "ROLLBACK":
+            self._end_pipeline(failed=True)
+        elif s == "BEGIN" and not self._reader:
+            self._begin_pipeline()
         cur = self.raw.execute(s, parameters)
         if packs and self._packed is not None:
             self._packed()
+        if s == "COMMIT":
+            self._end_pipeline()  # waits for every queued statement: raises any error
         if returning is not None:
             row = cur.fetchone()
             return _Cursor(cur, None if row is None else int(row[0]))
-        return _Cursor(cur)
+        return _Cursor(cur, pipeline=self._pipeline)
+
+    def _begin_pipeline(self) -> None:
+        self._end_pipeline(failed=True)  # a transaction left open: its pipeline too
+        self._pipe = self.raw.pipeline()
+        self._pipeline = self._pipe.__enter__()
+
+    def _end_pipeline(self, failed: bool = False) -> None:
+        """Leave pipeline mode, waiting for the outcome of every statement sent.
+
+        Raises:
+            psycopg.Error: one of them failed (unless ``failed``: the transaction is
+                being rolled back already, and the error was raised before).
+        """
+        pipe, self._pipe, self._pipeline = self._pipe, None, None
+        if pipe is None:
+            return
+        try:
+            pipe.__exit__(None, None, None)
+        except psycopg.Error:
+            if not failed:
+                raise
 
     def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> None:
         """Run one statement per parameter row (pipelined by psycopg)."""
@@ -187,13 +239,14 @@ class PgConn:
             if touches(s):  # as in execute: held rows go first
                 self._held.store(self.raw)
         if rows:
-            with self.raw.cursor() as cur:
-                cur.executemany(s, rows)
+            # not closed here: in the writer's pipeline its results are still to come
+            self.raw.cursor().executemany(s, rows)
 
     def close(self) -> None:
         """Close the connection."""
         if self._held is not None:
             self._held.drop()
+        self._end_pipeline(failed=True)
         if self._conn is not None:
             self._conn.close()
 

@@ -11,12 +11,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from gradwatch.server.db import CHUNK
+from gradwatch.server.pgarrays import literal
 from gradwatch.server.pgpack import PARAM_COLUMNS, STEP_COLUMNS
 from gradwatch.server.steptable import PARAMS_INSERT, STEPS_INSERT
 
-_FLOATS = frozenset(i for i, (_, t) in enumerate(STEP_COLUMNS) if t == "DOUBLE PRECISION")
-_STORE = f"INSERT INTO step_rows VALUES({','.join(['%s'] * (len(STEP_COLUMNS) + 4))})"
-"""A held step into ``step_rows``: sid, the ``steps`` columns, pkept, pnorms, pfresh."""
+_ROW_TYPES = ("BIGINT", *(t for _, t in STEP_COLUMNS), "BOOLEAN", "BYTEA", "BYTEA")
+"""The types of a ``step_rows`` row: sid, the ``steps`` columns, pkept, pnorms, pfresh."""
+_STORE = ("INSERT INTO step_rows SELECT * FROM unnest("
+          + ", ".join(f"%s::{t}[]" for t in _ROW_TYPES) + ")")
+"""The held steps into ``step_rows``, one statement: a column of them per array."""
 
 
 def touches(s: str) -> bool:
@@ -56,41 +59,36 @@ class HeldRows:
             self._norms[(r[0], r[1])] = (r[2], r[3])
         return True
 
-    def arrays(self, sid: int, chunk: int) -> list[Any]:
-        """The held rows of one chunk as ``gw_put_agg``'s arrays (NULLs: none), let go."""
+    def arrays(self, sid: int, chunk: int) -> list[str | None]:
+        """The held rows of one chunk as ``gw_put_agg``'s arrays (array literals,
+        :mod:`server.pgarrays`; NULLs: none), let go."""
         held = self._steps.pop((sid, chunk), None)
         if held is None:
             return [None] * (len(STEP_COLUMNS) + len(PARAM_COLUMNS))
         order = sorted(held)
-        cols: list[Any] = [list(c) for c in zip(*(held[k] for k in order), strict=True)][1:]
-        for i in _FLOATS:  # psycopg dumps a list of one type
-            cols[i] = [None if x is None else float(x) for x in cols[i]]
-        cols = [None if all(x is None for x in c) else c for c in cols]  # as _agg
+        cols = [c if any(x is not None for x in c) else None  # all NULL: as _agg
+                for c in zip(*(held[k] for k in order), strict=True)][1:]
+        out = [literal(c, t) for c, (_, t) in zip(cols, STEP_COLUMNS, strict=True)]
         norms = [(k, *self._norms.pop((sid, k))) for k in order if (sid, k) in self._norms]
         if not norms:
-            return [*cols, [], None, None]
-        pstep, pnorms, pfresh = (list(c) for c in zip(*norms, strict=True))
-        pfresh = [_bytes(x) for x in pfresh]
-        return [*cols, pstep, [_bytes(x) for x in pnorms],
-                None if all(x is None for x in pfresh) else pfresh]
+            return [*out, "{}", None, None]
+        pstep, pnorms, pfresh = zip(*norms, strict=True)
+        return [*out, literal(pstep, "BIGINT"), literal(pnorms, "BYTEA"),
+                None if all(x is None for x in pfresh) else literal(pfresh, "BYTEA")]
 
     def store(self, conn: Any) -> None:
         """Insert every held row into ``step_rows``, a step's per-parameter norms in its
-        row (psycopg ``conn``)."""
+        row (psycopg ``conn``): one statement, whatever the number of rows."""
         norms = self._norms
         rows = [(*r, (r[0], r[1]) in norms, *norms.get((r[0], r[1]), (None, None)))
                 for part in self._steps.values() for r in part.values()]
         self.drop()
         if rows:
-            with conn.cursor() as cur:
-                cur.executemany(_STORE, rows)
+            conn.execute(_STORE, [literal(c, t) for c, t in
+                                  zip(zip(*rows, strict=True), _ROW_TYPES, strict=True)])
 
     def drop(self) -> None:
         """Forget every held row (the transaction rolled back)."""
         self._steps.clear()
         self._norms.clear()
 
-
-def _bytes(x: bytes | str | None) -> bytes | None:
-    """Packed norms as ``bytea`` holds them (the JSON form's text as its UTF-8 bytes)."""
-    return x.encode() if isinstance(x, str) else x

@@ -128,13 +128,18 @@ _R_PARAMS = ", ".join([f"r_{c} {t}[]" for c, t in STEP_COLUMNS]
                       + [f"r_{a} {t}[]" for a, _, t in PARAM_COLUMNS])
 
 
-def _put_pack() -> str:
+def put_pack() -> str:
     """``gw_put_pack``: store one chunk's rows (its columns as arrays in step order) as
     its pack, replacing any: ``step`` NULL when every step of the chunk is there (``{}``
-    when none is), ``seq`` as seq - step, NULL and ``dseq`` when that is one value."""
+    when none is), ``seq`` as seq - step, NULL and ``dseq`` when that is one value.
+
+    PL/pgSQL, not SQL: a session plans its statement once, where an SQL function's
+    statement is parsed and planned again at every call (the most of its time, packing
+    a chunk per call)."""
     return f"""
-CREATE FUNCTION gw_put_pack(s BIGINT, c BIGINT, {_R_PARAMS}) RETURNS VOID
-LANGUAGE sql AS $$
+CREATE OR REPLACE FUNCTION gw_put_pack(s BIGINT, c BIGINT, {_R_PARAMS}) RETURNS VOID
+LANGUAGE plpgsql AS $$
+BEGIN
   INSERT INTO step_packs SELECT s, c, CASE WHEN k.one THEN k.d[1] END,
     CASE WHEN r_step IS NULL THEN '{{}}' WHEN r_step = {_every_step('c')} THEN NULL ELSE r_step END,
     CASE WHEN k.one THEN NULL ELSE k.d END,
@@ -151,7 +156,7 @@ LANGUAGE sql AS $$
   ON CONFLICT (sid, chunk) DO UPDATE SET dseq = EXCLUDED.dseq,
     {", ".join(f"{c} = EXCLUDED.{c}" for c, _ in STEP_COLUMNS)},
     {", ".join(f"{a} = EXCLUDED.{a}" for a, _, _ in PARAM_COLUMNS)}, pblob = EXCLUDED.pblob;
-$$;"""
+END $$;"""
 
 
 SCHEMA_6 = f"""
@@ -189,7 +194,7 @@ CREATE VIEW param_norms AS {_OPEN_PARAMS}TRUE UNION ALL {_PACKED_PARAMS};
 {_reads("param_norms", _OPEN_PARAMS, _PACKED_PARAMS)}
 {_ends("", _ALL, "TRUE", "gw_first_step", "min", "")}
 {_ends("", _ALL, "TRUE", "gw_last_step", "max", "DESC")}
-{_put_pack()}
+{put_pack()}
 {_ends("pkept AND ", _PSTEP, _HAS, "gw_first_param", "min", "")}
 {_ends("pkept AND ", _PSTEP, _HAS, "gw_last_param", "max", "DESC")}
 -- gw_pack: the chunk's rows (open, packed, and any given as arrays) packed as one

@@ -24,7 +24,7 @@ from gradwatch.server.migrate import statements
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """The current version. :data:`SCHEMA` is version 4, numbered as SQLite's
 (:data:`server.db.SCHEMA_VERSION`), whose tables it mirrors; :data:`MIGRATIONS` go on
 from it, for a new database too."""
@@ -107,7 +107,13 @@ def _to_6(conn: Any) -> None:
     conn.execute(pgpack.SCHEMA_6)
 
 
-MIGRATIONS: dict[int, Migration] = {5: _to_5, 6: _to_6}
+def _to_7(conn: Any) -> None:
+    """Schema 7: ``gw_put_pack`` in PL/pgSQL (its plan kept by the session), same
+    meaning (:func:`server.pgpack.put_pack`)."""
+    conn.execute(pgpack.put_pack())
+
+
+MIGRATIONS: dict[int, Migration] = {5: _to_5, 6: _to_6, 7: _to_7}
 """Per version N > 4: the step from N - 1 to N, run inside the migration's transaction."""
 
 

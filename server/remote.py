@@ -212,26 +212,33 @@ class RemoteFeed:
             return
         if not self.sink.watching(run):
             return  # nobody here to tell: nothing read
-        views = (await asyncio.to_thread(self.reader.optimizers, run)
-                 if change.opts else [])
-        found = (await asyncio.to_thread(self.reader.findings, run)
-                 if change.findings else None)
-        summary = await asyncio.to_thread(self.reader.summary, run)
-        if summary is None:  # deleted meanwhile: its deletion note follows
-            return
+        # one worker hop for all its reads: each hop waits for a thread and the loop
+        for res in await asyncio.to_thread(self._read, change):
+            self.sink.publish(res)
+
+    def _read(self, change: Change) -> list[IngestResult]:
+        """On a worker thread: what ``change`` points at, as one result per rank (none:
+        the run was deleted meanwhile, its deletion note follows)."""
+        run = change.run
+        views = self.reader.optimizers(run) if change.opts else []
+        found = self.reader.findings(run) if change.findings else None
+        summary = self.reader.summary(run)
+        if summary is None:
+            return []
         ranks = change.ranks() or [0]
+        out = []
         for i, rank in enumerate(ranks):
             rows = []
             for lo, hi in change.steps.get(rank, ()):
-                got = await asyncio.to_thread(self.reader.steps, run, lo, hi, ALL_ROWS,
-                                              None, rank)
+                got = self.reader.steps(run, lo, hi, ALL_ROWS, None, rank)
                 if got is not None:
                     rows += got.rows
             last = i == len(ranks) - 1
             opts = change.opts.get(rank, set())
             # a note is sent only for a committed change: at least one record counts
-            self.sink.publish(IngestResult(
+            out.append(IngestResult(
                 run=run, rank=rank, ack=-1, stored=max(1, len(rows)), rows=rows,
                 optimizers=[v for v in views if v.rank == rank and v.opt in opts],
                 findings=found if last else None, summary=summary if last else None,
                 scalars=[s for s in change.scalars if s[0] == rank]))
+        return out

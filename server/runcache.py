@@ -50,7 +50,11 @@ class RunCache:
         Raises:
             database.Error: the database could not be read.
         """
-        gen = self.database.generation(self.conn, run_id)
+        return self.at(run_id, self.database.generation(self.conn, run_id))
+
+    def at(self, run_id: str, gen: int | None) -> RunState | None:
+        """As :meth:`get`, the run's write generation read already (``gen``; None where
+        one server writes)."""
         st = self._states.get(run_id)
         if st is not None and gen is not None and st.gen != gen:
             log.info("run %s was written by another server: state rebuilt", run_id)

@@ -163,23 +163,29 @@ class Store:
                 if e.seq != 0 or h.run != batch.run or h.rank != batch.rank:
                     raise InvalidStream("a header must have seq 0 and the batch's run and "
                                         "rank")
-        st = self._state(batch.run)
-        if not self._check(st, batch, key):
-            return IngestResult(batch.run, batch.rank, -1)
+        shared = self.database.shared
+        st = None
+        if not shared:  # one writer: the cached state is the database's
+            st = self._state(batch.run)
+            if not self._check(st, batch, key):
+                return IngestResult(batch.run, batch.rank, -1)
         res = IngestResult(batch.run, batch.rank, -1)
         try:
             self._conn.execute("BEGIN")
-            # This server takes the run's stream: no other marks it interrupted meanwhile.
-            self.database.hold(self._conn, batch.run)
-            # Servers sharing the database take turns at a run; one that wrote it since
-            # the checks above moves the state on, so they are made again on the new one.
-            self.database.lock_run(self._conn, batch.run)
-            gen = self.database.generation(self._conn, batch.run)
-            if gen is not None and gen != (0 if st is None else st.gen):
-                st = self._state(batch.run)
+            if shared:
+                # Servers sharing the database take turns at a run; under its lock the
+                # run's generation says whether another wrote it since this server's
+                # state: then the state is rebuilt and the checks made on it. (Read here
+                # only: a batch waits for the database once before its COMMIT.)
+                self.database.lock_run(self._conn, batch.run)
+                st = self._runs.at(batch.run,
+                                   self.database.generation(self._conn, batch.run))
                 if not self._check(st, batch, key):
                     self._conn.execute("ROLLBACK")
                     return IngestResult(batch.run, batch.rank, -1)
+                # This server takes the run's stream: no other marks it interrupted
+                # meanwhile (after the checks: a refused batch takes nothing).
+                self.database.hold(self._conn, batch.run)
             if st is None:
                 assert header is not None  # a stream's first batch starts with it: above
                 st = self._create(header, name)

@@ -6,6 +6,13 @@ frame order. The first refused frame closes the connection (code from
 a connection's last ``hello`` per (run, rank) goes with each of its batches to storage,
 which refuses a keyed stream's batch without it (:mod:`server.owners`).
 
+A client that sends faster than its frames are stored (more than the pipeline holds
+unacked; the probe never does, it waits for acks and fills its frames meanwhile) has its
+frames of one stream merged while the pipeline is full, up to :data:`MERGE` a batch, so
+the writer stores them in one transaction (each still acked, in order, with the
+stream's ack once stored) and the stream keeps pace instead of its frames queueing in
+the socket; frames merged are stored or refused together.
+
 The first frame must arrive within ``ingest_hello_timeout`` (a socket that sends nothing
 only holds a slot); a connection the gate admitted on trial (:class:`~server.limits.
 IngestGate`) must open with a hello whose key owns a stream the server keeps.
@@ -30,6 +37,9 @@ from gradwatch.server.ws_close import close_code, short
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+MERGE = 16
+"""Frames of one stream merged into one batch at most (while the pipeline is full)."""
+
 
 class _Resuming(NamedTuple):
     hello: Hello
@@ -40,6 +50,8 @@ class _Resuming(NamedTuple):
 class _Storing(NamedTuple):
     batch: Batch
     result: asyncio.Future[IngestResult]
+    frames: int = 1
+    """Frames merged into the batch: one ack each."""
 
 
 class IngestSession:
@@ -57,6 +69,8 @@ class IngestSession:
         """Still on trial (cleared once its hello proved an owned stream)."""
         self.pending: asyncio.Queue[_Resuming | _Storing | None] = asyncio.Queue(
             self.PIPELINE)
+        self._room = asyncio.Event()
+        """Set when the acker takes a job out of :attr:`pending`."""
         self.sending_to: set[str] = set()
         """Runs this connection has stored batches in."""
         self.keys: dict[tuple[str, int], str | None] = {}
@@ -90,20 +104,35 @@ class IngestSession:
 
     async def _receive(self) -> Refused | None:
         """Read frames until the client leaves (None) or sends a refused one (the error)."""
-        s, store = self.runs.settings, self.runs.store
+        s = self.runs.settings
         first = True
+        held: list[Batch] = []  # frames of one stream read while the pipeline was full
+        recv: asyncio.Future[Any] | None = None
         try:
             while True:
                 wait = min(s.ingest_hello_timeout, s.ingest_idle_timeout) if first else \
                     s.ingest_idle_timeout
+                if recv is None:
+                    recv = asyncio.ensure_future(within(self.ws.receive(), wait))
+                if held and not await self._room_or(recv):
+                    await self._store(held)  # room first: the frames merged so far go
+                    held = []
+                    continue
                 try:
-                    msg = await within(self.ws.receive(), wait)
+                    msg = await recv
                 except asyncio.TimeoutError:
+                    if held:  # not idle: its frames were waiting for room
+                        recv = None
+                        continue
                     raise IdleConnection(
                         f"no frame within {wait:g} s of connecting: closed; send a hello "
                         f"first" if first else f"idle for {wait:g} s: closed; reconnect to "
                         f"send more") from None
+                finally:
+                    if recv is not None and recv.done():
+                        recv = None
                 if msg["type"] == "websocket.disconnect":
+                    self._store_unacked(held)  # read, so stored, as every frame read
                     return None
                 text = msg.get("text")
                 if text is None:
@@ -115,20 +144,66 @@ class IngestSession:
                 if first and self.trial:
                     await self._prove(frame)
                 first = False
-                job: _Resuming | _Storing
+                if not isinstance(frame, Hello) and held and _joins(held, frame):
+                    held.append(frame)
+                    continue
+                await self._store(held)
+                held = []
                 if isinstance(frame, Hello):
                     self.keys[frame.run, frame.rank] = frame.key
-                    job = _Resuming(frame, asyncio.wrap_future(
-                        store.submit(store.resume_seq, frame.run, frame.rank, frame.key)))
+                    store = self.runs.store
+                    await self.pending.put(_Resuming(frame, asyncio.wrap_future(
+                        store.submit(store.resume_seq, frame.run, frame.rank, frame.key))))
+                elif self.pending.full():
+                    held = [frame]  # merged with the next frames until there is room
                 else:
-                    key = self.keys.get((frame.run, frame.rank))
-                    job = _Storing(frame, asyncio.wrap_future(
-                        store.submit(store.ingest, frame, None, key)))
-                await self.pending.put(job)
+                    await self._store([frame])
         except Refused as e:
+            with contextlib.suppress(Refused):  # a busy store refuses those too
+                await self._store(held)  # read before the refused frame: stored, acked
             return e
         except WebSocketDisconnect:
+            self._store_unacked(held)
             return None
+        finally:
+            if recv is not None:
+                recv.cancel()
+
+    async def _room_or(self, recv: asyncio.Future[Any]) -> bool:
+        """Wait for room in the pipeline or for ``recv`` to finish; True if ``recv`` did
+        (or both)."""
+        room = asyncio.ensure_future(self._room_for_one())
+        try:
+            await asyncio.wait({recv, room}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            room.cancel()
+        return recv.done()
+
+    async def _room_for_one(self) -> None:
+        while self.pending.full():
+            self._room.clear()
+            await self._room.wait()
+
+    def _submit(self, frames: list[Batch]) -> asyncio.Future[IngestResult]:
+        """Hand frames of one stream to the writer as one batch."""
+        f = frames[0]
+        batch = f if len(frames) == 1 else Batch(
+            f.run, f.rank, [e for b in frames for e in b.entries])
+        store = self.runs.store
+        return asyncio.wrap_future(store.submit(store.ingest, batch, None,
+                                                self.keys.get((f.run, f.rank))))
+
+    async def _store(self, frames: list[Batch]) -> None:
+        """Store frames of one stream as one batch, acked in turn (none: nothing)."""
+        if frames:
+            job = _Storing(frames[0], self._submit(frames), len(frames))
+            await self.pending.put(job)
+
+    def _store_unacked(self, frames: list[Batch]) -> None:
+        """Store frames of a client that left (nothing to ack; a busy store: not)."""
+        if frames:
+            with contextlib.suppress(Refused):
+                _forget(self._submit(frames))
 
     async def _prove(self, frame: Any) -> None:
         """Keep a connection on trial only if ``frame`` is a hello holding the key of a
@@ -149,6 +224,7 @@ class IngestSession:
         """Await stored batches in order; ack and publish each, stop at a refused one."""
         while True:
             job = await self.pending.get()
+            self._room.set()
             if job is None:
                 return None
             try:
@@ -165,12 +241,22 @@ class IngestSession:
             except Refused as e:
                 return e
             timeout = self.runs.settings.send_timeout
-            try:
-                await within(self.ws.send_text(text), timeout)
-            except asyncio.TimeoutError:  # it must not hold an ingest slot by not reading
-                return SlowReader(f"acks not read for {timeout:g} s: closed")
-            except (WebSocketDisconnect, RuntimeError):
-                return None
+            # one ack per frame; merged frames were stored together: their acks alike
+            for _ in range(job.frames if isinstance(job, _Storing) else 1):
+                try:
+                    await within(self.ws.send_text(text), timeout)
+                except asyncio.TimeoutError:  # it must not hold a slot by not reading
+                    return SlowReader(f"acks not read for {timeout:g} s: closed")
+                except (WebSocketDisconnect, RuntimeError):
+                    return None
+
+
+def _joins(held: list[Batch], frame: Batch) -> bool:
+    """Whether ``frame`` can be merged after ``held`` (the same stream, in seq order)."""
+    last = held[-1]
+    return (len(held) < MERGE and frame.run == last.run and frame.rank == last.rank
+            and bool(frame.entries) and bool(last.entries)
+            and frame.entries[0].seq > last.entries[-1].seq)
 
 
 def _forget(fut: asyncio.Future[Any]) -> None:

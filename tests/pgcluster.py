@@ -4,7 +4,8 @@ Debian's ``postgresql`` package (scripts/test.sh installs it) puts the server in
 ``/usr/lib/postgresql/<version>/bin``. The cluster lives in a temporary directory owned by
 the ``postgres`` user (the server refuses to run as root; the tests run as root, so the
 commands run through ``runuser``), listens on 127.0.0.1 only, trusts local connections,
-and skips fsync (it is thrown away). Each test gets a database of its own
+and skips fsync (it is thrown away) unless made ``durable`` (benches). Each test gets a
+database of its own
 (:meth:`Cluster.new_database`).
 """
 
@@ -42,11 +43,17 @@ def free_port() -> int:
 class Cluster:
     """A PostgreSQL cluster started in a temporary directory; :meth:`stop` removes it.
 
+    Args:
+        durable: keep PostgreSQL's own crash safety (``fsync``, full page writes) and
+            commit as the SQLite server does (WAL, ``synchronous=NORMAL``): without
+            waiting for the WAL's flush (``synchronous_commit=off``: a crash may lose
+            the last commits, never the database). For benches set beside SQLite; by
+            default (tests) nothing is flushed, as nothing is kept.
     Raises:
         RuntimeError: PostgreSQL is not installed, or the cluster did not start.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, durable: bool = False) -> None:
         bin_dir = pg_bin()
         if bin_dir is None:
             raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql)")
@@ -62,8 +69,10 @@ class Cluster:
         self._names = itertools.count()
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust",
                   "--locale=C", "-E", "UTF8", "--no-sync")
-        opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
-                f"-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+        opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} "
+                f"-c synchronous_commit=off -c max_connections=200")
+        if not durable:
+            opts += " -c fsync=off -c full_page_writes=off"
         try:
             self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "log"), "-o",
                       opts, "-w", "-t", "60", "start")

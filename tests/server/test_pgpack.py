@@ -17,6 +17,7 @@ import synth
 from gradwatch.server.batch import batch_of_records
 from gradwatch.server.db import CHUNK
 from gradwatch.server.migrate import statements
+from gradwatch.server.pgarrays import literal
 from gradwatch.server.pgdb import PostgresDatabase
 from gradwatch.server.pgschema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from gradwatch.server.steptable import PARAMS_INSERT, STEPS_INSERT
@@ -119,13 +120,17 @@ def test_a_schema_5_database_migrates_to_packed_steps_and_reads_back_equal(
         old = pg_cluster.new_database()
         schema_5_copy(first, old)
         assert kinds(old) == {"steps": "r", "param_norms": "r"}
-        b = Store(old)  # migrates 5 -> 6
+        b = Store(old)  # migrates 5 -> 7
         b.start()
         try:
             assert kinds(old) == {"steps": "v", "param_norms": "v", "step_packs": "r"}
             with psycopg.connect(old) as c:
                 assert c.execute("SELECT version FROM gradwatch_schema").fetchone() == (
                     SCHEMA_VERSION,)
+                # schema 7: the packing function is PL/pgSQL (a session plans it once)
+                assert c.execute("SELECT l.lanname FROM pg_proc p JOIN pg_language l ON "
+                                 "l.oid = p.prolang WHERE p.proname = 'gw_put_pack'"
+                                 ).fetchall() == [("plpgsql",)]
                 # Every summarised chunk packed; only the open chunks' rows left a row each.
                 packed, open_rows = c.execute(
                     "SELECT (SELECT count(*) FROM step_packs), "
@@ -204,3 +209,30 @@ def test_norms_of_a_step_stored_in_an_earlier_transaction_join_its_row(
             (5, 5, 1.5), (6, 6, 1.5)]
         assert c.execute("SELECT step, norms FROM param_norms ORDER BY step").fetchall() == [
             (5, two), (6, one)]
+
+
+def test_held_columns_reach_postgresql_as_they_were(pg_cluster: Any) -> None:
+    """The writer's held columns go to PostgreSQL as array literals built in Python
+    (server/pgarrays.py): every value reads back equal, edge values too (the shortest
+    float texts, infinities and NaN, -0.0, 64-bit integers, text needing escapes, bytes
+    of every value, NULLs), and an array of NULLs is an array of NULLs."""
+    floats = [0.1, 1 / 3, 1e-310, 5e-324, 1.7976931348623157e308, -0.0, math.inf, -math.inf,
+              math.nan, 123456789.123456789, None, 2, 3.0]
+    ints = [0, -1, 2**63 - 1, -(2**63), True, None, 7]
+    texts = ['a "quoted" \\ back\\slash', "NULL", "", "{a,b}", " spaced ", "é∑", None,
+             '[0.1,"NaN"]']
+    blobs = [bytes(range(256)), b"", b"\\x00", None, '[1.5,"NaN"] ']
+    with psycopg.connect(pg_cluster.url()) as c:
+        got = c.execute("SELECT %s::DOUBLE PRECISION[], %s::BIGINT[], %s::TEXT[], "
+                        "%s::BYTEA[], %s::BIGINT[], %s::BOOLEAN[]",
+                        (literal(floats, "DOUBLE PRECISION"), literal(ints, "BIGINT"),
+                         literal(texts, "TEXT"), literal(blobs, "BYTEA"),
+                         literal([None, None], "BIGINT"),
+                         literal([True, False, None], "BOOLEAN"))).fetchone()
+    f, i, t, b, nulls, bools = got
+    assert [repr(x) for x in f] == [repr(None if x is None else float(x)) for x in floats]
+    assert i == [None if x is None else int(x) for x in ints]
+    assert t == texts
+    assert b == [x.encode() if isinstance(x, str) else x for x in blobs]
+    assert nulls == [None, None] and bools == [True, False, None]
+    assert literal(None, "BIGINT") is None

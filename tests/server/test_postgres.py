@@ -245,3 +245,41 @@ def test_a_database_restart_refuses_a_batch_then_storing_goes_on() -> None:
         s.close()
     finally:
         cluster.stop()
+
+
+def test_a_write_refused_late_in_a_batch_refuses_it_whole(pg_cluster: Any) -> None:
+    """The writer sends a batch's statements without waiting for each (psycopg's
+    pipeline): one the database refuses after the batch's rows and packs were sent (here
+    the stream's row, written last) still refuses the batch whole: nothing of it is
+    stored or counted, and the resend is stored once, the writer going on as before."""
+    url = pg_cluster.new_database()
+    s = Store(url)
+    s.start()
+    try:
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("CREATE TABLE refuse(x INT)")
+            c.execute("CREATE FUNCTION refuse_streams() RETURNS trigger LANGUAGE plpgsql AS "
+                      "$$ BEGIN IF EXISTS (SELECT 1 FROM refuse) THEN RAISE EXCEPTION "
+                      "'refused for the test'; END IF; RETURN NEW; END $$")
+            c.execute("CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON streams "
+                      "FOR EACH ROW EXECUTE FUNCTION refuse_streams()")
+            recs = synth.records(steps=200, end=True)
+            s.call(s.ingest, batch_of_records("run1", 0, recs[:70]))
+            c.execute("INSERT INTO refuse VALUES(1)")
+            with pytest.raises(StorageFailed):  # steps 68.. span packed chunks: sent
+                s.call(s.ingest, batch_of_records("run1", 0, recs[70:160]))
+            assert s.call(s.resume_seq, "run1", 0) == 69
+            assert c.execute("SELECT count(*), max(step) FROM steps").fetchone() == (68, 67)
+            assert s.reader.summary("run1").steps == 68  # type: ignore[union-attr]
+            c.execute("DELETE FROM refuse")
+            for part in (recs[70:160], recs[70:160], recs[160:]):  # resent twice
+                s.call(s.ingest, batch_of_records("run1", 0, part))
+            assert c.execute("SELECT count(*), count(DISTINCT step) FROM steps"
+                             ).fetchone() == (200, 200)
+        assert s.call(s.resume_seq, "run1", 0) == len(recs) - 1
+        got = s.reader.steps("run1", max_points=1000)
+        assert got is not None and [r.step for r in got.rows] == list(range(200))
+        summary = s.reader.summary("run1")
+        assert summary is not None and summary.steps == 200 and summary.status == "finished"
+    finally:
+        s.close()
