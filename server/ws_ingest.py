@@ -48,7 +48,6 @@ class _Resuming(NamedTuple):
 
 
 class _Storing(NamedTuple):
-    batch: Batch
     result: asyncio.Future[IngestResult]
     frames: int = 1
     """Frames merged into the batch: one ack each."""
@@ -196,7 +195,7 @@ class IngestSession:
     async def _store(self, frames: list[Batch]) -> None:
         """Store frames of one stream as one batch, acked in turn (none: nothing)."""
         if frames:
-            job = _Storing(frames[0], self._submit(frames), len(frames))
+            job = _Storing(self._submit(frames), len(frames))
             await self.pending.put(job)
 
     def _store_unacked(self, frames: list[Batch]) -> None:
