@@ -171,7 +171,8 @@ class Runs:
             batch = await parsing.popleft()
             if writing is not None:
                 steps += len((await writing).rows)
-            writing = asyncio.wrap_future(self.store.submit(self.store.ingest, batch))
+            writing = asyncio.wrap_future(self.store.submit(self.store.ingest, batch,
+                                                               run=batch.run))
 
         async def block(lines: list[tuple[int, bytes]]) -> None:
             nonlocal run_id

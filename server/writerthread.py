@@ -1,6 +1,13 @@
-"""The storage writer's threads: one runs the write jobs, in the order they were submitted;
-a helper runs the database's housekeeping beside it (SQLite: copies the WAL into the
-database, so the writer's commits stay short).
+"""The storage writer's threads: one runs the write jobs, a helper runs the database's
+housekeeping beside it (SQLite: copies the WAL into the database, so the writer's commits
+stay short).
+
+Jobs run in the order they were submitted, with one exception: a job marked ``urgent``
+(a live client's small batch, :mod:`server.ws_ingest`) goes ahead of the queued jobs of
+other runs, so it does not wait behind other streams' bulk batches. A run's jobs keep
+their order (a run's jobs are never in both lanes at once), a job of no run (a delete, a
+rename, marking a run interrupted) is overtaken by none submitted after it, and after
+:data:`FAIR` urgent jobs in a row the oldest other job runs (bulk is never starved).
 
 :class:`~server.storage.Store` owns one and submits its operations through it. Plain module:
 no FastAPI, no SQL.
@@ -10,20 +17,68 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
-import queue
 import threading
+from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from gradwatch.server.errors import StoreBusy
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_Job = tuple[Callable[..., Any], tuple[Any, ...], "cf.Future[Any]"]
+
+FAIR = 8
+"""Urgent jobs run in a row at most while other jobs wait; then the oldest other one."""
+
+
+class _Job(NamedTuple):
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    fut: cf.Future[Any]
+    run: str | None
+    """The run the job reads or writes; None: any (it keeps its place among all jobs)."""
+
+
+class _Lanes:
+    """The queued jobs: an urgent lane and a lane of the others, each first in first out.
+
+    A run's jobs are in one lane at a time, so they run in their order; a job of no run in
+    the other lane (a barrier) lets no urgent job pass it (see the module doc).
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self.urgent: deque[_Job] = deque()
+        self.other: deque[_Job] = deque()
+        self._runs: dict[bool, Counter[str | None]] = {True: Counter(), False: Counter()}
+        self._streak = 0  # urgent jobs run in a row while others waited
+
+    def __len__(self) -> int:
+        return len(self.urgent) + len(self.other)
+
+    def put(self, job: _Job, urgent: bool) -> None:
+        """Queue ``job`` (ahead of other runs' if ``urgent`` and nothing forbids it)."""
+        fast = (job.run is not None and not self._runs[False][None]
+                and not self._runs[False][job.run]
+                and (urgent or bool(self._runs[True][job.run])))
+        (self.urgent if fast else self.other).append(job)
+        self._runs[fast][job.run] += 1
+
+    def take(self) -> _Job:
+        """The next job to run (the lanes are not both empty)."""
+        fast = bool(self.urgent) and (
+            not self.other or self.other[0].run is None or self._streak < FAIR)
+        job = (self.urgent if fast else self.other).popleft()
+        self._streak = self._streak + 1 if fast and self.other else 0
+        left = self._runs[fast]
+        left[job.run] -= 1
+        if not left[job.run]:
+            del left[job.run]
+        return job
 
 
 class WriterThread:
-    """A bounded job queue, the thread that runs it, and the housekeeping thread.
+    """The job lanes, the thread that runs them, and the housekeeping thread.
 
     Args:
         housekeeping: runs on its own thread until the event it is given is set
@@ -34,13 +89,16 @@ class WriterThread:
     def __init__(self, housekeeping: Callable[[threading.Event], None],
                  queue_size: int = 256):
         self.housekeeping = housekeeping
-        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
+        self._lanes = _Lanes(queue_size)
+        self._ready = threading.Condition()
+        self._stopping = False
         self._thread: threading.Thread | None = None
         self._stop_ckpt = threading.Event()
         self._ckpt: threading.Thread | None = None
 
     def start(self) -> None:
         """Start both threads."""
+        self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="gradwatch-store",
                                         daemon=True)
         self._thread.start()
@@ -48,23 +106,31 @@ class WriterThread:
                                       name="gradwatch-checkpoint", daemon=True)
         self._ckpt.start()
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> cf.Future[T]:
-        """Run ``fn(*args)`` on the writer thread, after every job submitted before it.
+    def submit(self, fn: Callable[..., T], *args: Any, run: str | None = None,
+               urgent: bool = False) -> cf.Future[T]:
+        """Run ``fn(*args)`` on the writer thread, after every job submitted before it
+        (an ``urgent`` one: after those of its ``run`` and every job of no run).
 
+        Args:
+            run: the run the job reads or writes (None: it may touch any).
+            urgent: run it ahead of the queued jobs of other runs.
         Raises:
             StoreBusy: too many jobs are already queued.
         """
         fut: cf.Future[T] = cf.Future()
-        try:
-            self._jobs.put_nowait((fn, args, fut))
-        except queue.Full:
-            raise StoreBusy("the server's storage is busy; retry later") from None
+        with self._ready:
+            if len(self._lanes) >= self._lanes.size:
+                raise StoreBusy("the server's storage is busy; retry later")
+            self._lanes.put(_Job(fn, args, fut, run), urgent)
+            self._ready.notify()
         return fut
 
     def stop(self, timeout: float = 30.0) -> None:
         """Run the jobs already queued, then stop both threads."""
         if self._thread is not None:
-            self._jobs.put(None)
+            with self._ready:
+                self._stopping = True
+                self._ready.notify()
             self._thread.join(timeout)
             self._thread = None
         self._stop_ckpt.set()
@@ -72,15 +138,23 @@ class WriterThread:
             self._ckpt.join(timeout)
             self._ckpt = None
 
+    def _next(self) -> _Job | None:
+        """The next job; None once stopping and none is left."""
+        with self._ready:
+            while not self._lanes:
+                if self._stopping:
+                    return None
+                self._ready.wait()
+            return self._lanes.take()
+
     def _loop(self) -> None:
         while True:
-            job = self._jobs.get()
+            job = self._next()
             if job is None:
                 return
-            fn, args, fut = job
-            if not fut.set_running_or_notify_cancel():
+            if not job.fut.set_running_or_notify_cancel():
                 continue
             try:
-                fut.set_result(fn(*args))
+                job.fut.set_result(job.fn(*job.args))
             except BaseException as e:  # handed to whoever awaits the job
-                fut.set_exception(e)
+                job.fut.set_exception(e)

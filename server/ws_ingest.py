@@ -11,7 +11,9 @@ unacked; the probe never does, it waits for acks and fills its frames meanwhile)
 frames of one stream merged while the pipeline is full, up to :data:`MERGE` a batch, so
 the writer stores them in one transaction (each still acked, in order, with the
 stream's ack once stored) and the stream keeps pace instead of its frames queueing in
-the socket; frames merged are stored or refused together.
+the socket; frames merged are stored or refused together. A small batch (at most
+:data:`LIVE_RECORDS` records: a probe keeping pace) goes ahead of other runs' queued
+batches at the writer.
 
 The first frame must arrive within ``ingest_hello_timeout`` (a socket that sends nothing
 only holds a slot); a connection the gate admitted on trial (:class:`~server.limits.
@@ -39,6 +41,10 @@ T = TypeVar("T")
 
 MERGE = 16
 """Frames of one stream merged into one batch at most (while the pipeline is full)."""
+LIVE_RECORDS = 32
+"""A batch of at most this many records is a live client's: the writer stores it ahead of
+other runs' queued batches (:mod:`server.writerthread`), so a dashboard following a run
+that trains at its own pace does not wait behind other streams' bulk frames."""
 
 
 class _Resuming(NamedTuple):
@@ -152,7 +158,8 @@ class IngestSession:
                     self.keys[frame.run, frame.rank] = frame.key
                     store = self.runs.store
                     await self.pending.put(_Resuming(frame, asyncio.wrap_future(
-                        store.submit(store.resume_seq, frame.run, frame.rank, frame.key))))
+                        store.submit(store.resume_seq, frame.run, frame.rank, frame.key,
+                                     run=frame.run))))
                 elif self.pending.full():
                     held = [frame]  # merged with the next frames until there is room
                 else:
@@ -189,8 +196,9 @@ class IngestSession:
         batch = f if len(frames) == 1 else Batch(
             f.run, f.rank, [e for b in frames for e in b.entries])
         store = self.runs.store
-        return asyncio.wrap_future(store.submit(store.ingest, batch, None,
-                                                self.keys.get((f.run, f.rank))))
+        return asyncio.wrap_future(store.submit(
+            store.ingest, batch, None, self.keys.get((f.run, f.rank)), run=f.run,
+            urgent=len(batch.entries) <= LIVE_RECORDS))
 
     async def _store(self, frames: list[Batch]) -> None:
         """Store frames of one stream as one batch, acked in turn (none: nothing)."""
@@ -213,7 +221,7 @@ class IngestSession:
         """
         store = self.runs.store
         if isinstance(frame, Hello) and frame.key is not None and await asyncio.wrap_future(
-                store.submit(store.owns, frame.run, frame.rank, frame.key)):
+                store.submit(store.owns, frame.run, frame.rank, frame.key, run=frame.run)):
             self.trial = False
             self.runs.gate.proven()
             return
