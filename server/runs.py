@@ -82,13 +82,15 @@ class Runs:
         self.store.close()
         self.reader.close()
 
-    async def write(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a storage operation on the writer thread and await it.
+    async def write(self, fn: Callable[..., T], *args: Any, run: str | None = None,
+                    timer: bool = False) -> T:
+        """Run a storage operation on the writer thread and await it (``run``, ``timer``:
+        :meth:`Store.submit`'s).
 
         Raises:
             StoreBusy: too many writes are queued; and whatever ``fn`` raises.
         """
-        return await asyncio.wrap_future(self.store.submit(fn, *args))
+        return await asyncio.wrap_future(self.store.submit(fn, *args, run=run, timer=timer))
 
     def publish(self, res: IngestResult) -> None:
         """Hand a stored batch's changes to live clients."""
@@ -104,7 +106,7 @@ class Runs:
 
     async def delete(self, run: str) -> bool:
         """Delete a run; tell live clients. ``False`` if there is none."""
-        ok = await self.write(self.store.delete, run)
+        ok = await self.write(self.store.delete, run, run=run)
         if ok:
             self.deleted(run)
         return ok
@@ -125,7 +127,7 @@ class Runs:
             NameTaken: another run has that name.
             StoreBusy: the writer's queue is full.
         """
-        summary = await self.write(self.store.rename, run, name)
+        summary = await self.write(self.store.rename, run, name, run=run)
         if summary is not None:
             self.hub.publish_summary(summary)
         return summary
@@ -137,7 +139,7 @@ class Runs:
         Raises:
             StoreBusy: the writer's queue is full.
         """
-        summary = await self.write(self.store.annotate, run, notes, tags)
+        summary = await self.write(self.store.annotate, run, notes, tags, run=run)
         if summary is not None:
             self.hub.publish_summary(summary)
         return summary
@@ -216,7 +218,7 @@ class Runs:
                 steps += len((await writing).rows)
             writing = None
             assert run_id is not None
-            await self.write(self.store.import_end, run_id)
+            await self.write(self.store.import_end, run_id, run=run_id)
         except BaseException:
             pending: list[asyncio.Future[Any]] = [*parsing]
             if writing is not None:
@@ -234,7 +236,7 @@ class Runs:
 
     async def _forget(self, run_id: str) -> None:
         try:
-            await self.write(self.store.delete, run_id)
+            await self.write(self.store.delete, run_id, run=run_id)
         except Exception:
             log.exception("could not delete the partly imported run %s", run_id)
 
@@ -249,7 +251,7 @@ class Runs:
         while True:
             await asyncio.sleep(seconds)
             try:
-                marked = await self.write(self.store.sweep)
+                marked = await self.write(self.store.sweep, timer=True)
             except Exception:  # a busy writer or a database away: the next round
                 log.debug("sweep skipped", exc_info=True)
                 continue
@@ -260,7 +262,7 @@ class Runs:
 
     async def _mark_interrupted(self, run: str) -> None:
         try:
-            summary = await self.write(self.store.mark_interrupted, run)
+            summary = await self.write(self.store.mark_interrupted, run, run=run)
         except Exception:
             log.exception("could not mark run %s interrupted", run)
             return

@@ -92,17 +92,18 @@ class Store:
         self.reader.close()
 
     def submit(self, fn: Callable[..., T], *args: Any, run: str | None = None,
-               urgent: bool = False) -> cf.Future[T]:
+               urgent: bool = False, timer: bool = False) -> cf.Future[T]:
         """Run ``fn(*args)`` on the writer thread, after the jobs submitted before it (an
         ``urgent`` job of a ``run``: after those of the run, :mod:`server.writerthread`).
 
         Args:
             run: the one run ``fn`` reads or writes (None: any).
             urgent: go ahead of other runs' queued jobs (a live client's small batch).
+            timer: a job of no run that urgent ones may pass (its moment is arbitrary).
         Raises:
             StoreBusy: too many writes are already queued.
         """
-        return self._writer.submit(fn, *args, run=run, urgent=urgent)
+        return self._writer.submit(fn, *args, run=run, urgent=urgent, timer=timer)
 
     def call(self, fn: Callable[..., T], *args: Any, timeout: float = 60.0) -> T:
         """Run ``fn(*args)`` on the writer thread and wait for its result."""

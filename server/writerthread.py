@@ -5,8 +5,8 @@ stay short).
 Jobs run in the order they were submitted, with one exception: a job marked ``urgent``
 (a live client's small batch, :mod:`server.ws_ingest`) goes ahead of the queued jobs of
 other runs, so it does not wait behind other streams' bulk batches. A run's jobs keep
-their order (a run's jobs are never in both lanes at once), a job of no run (a delete, a
-rename, marking a run interrupted) is overtaken by none submitted after it, and after
+their order (a run's jobs are never in both lanes at once), a job of no run (but a timer's)
+is overtaken by none submitted after it, and after
 :data:`FAIR` urgent jobs in a row the oldest other job runs (bulk is never starved).
 
 :class:`~server.storage.Store` owns one and submits its operations through it. Plain module:
@@ -36,14 +36,17 @@ class _Job(NamedTuple):
     args: tuple[Any, ...]
     fut: cf.Future[Any]
     run: str | None
-    """The run the job reads or writes; None: any (it keeps its place among all jobs)."""
+    """The run the job reads or writes; None: any."""
+    barrier: bool
+    """No urgent job submitted after it runs before it (a job of no run, unless its moment
+    is arbitrary anyway: a timer's)."""
 
 
 class _Lanes:
     """The queued jobs: an urgent lane and a lane of the others, each first in first out.
 
-    A run's jobs are in one lane at a time, so they run in their order; a job of no run in
-    the other lane (a barrier) lets no urgent job pass it (see the module doc).
+    A run's jobs are in one lane at a time, so they run in their order; a barrier in the
+    other lane lets no urgent job pass it (see the module doc).
     """
 
     def __init__(self, size: int):
@@ -51,6 +54,7 @@ class _Lanes:
         self.urgent: deque[_Job] = deque()
         self.other: deque[_Job] = deque()
         self._runs: dict[bool, Counter[str | None]] = {True: Counter(), False: Counter()}
+        self._barriers = 0  # in the other lane
         self._streak = 0  # urgent jobs run in a row while others waited
 
     def __len__(self) -> int:
@@ -58,18 +62,20 @@ class _Lanes:
 
     def put(self, job: _Job, urgent: bool) -> None:
         """Queue ``job`` (ahead of other runs' if ``urgent`` and nothing forbids it)."""
-        fast = (job.run is not None and not self._runs[False][None]
+        fast = (job.run is not None and not self._barriers
                 and not self._runs[False][job.run]
                 and (urgent or bool(self._runs[True][job.run])))
         (self.urgent if fast else self.other).append(job)
         self._runs[fast][job.run] += 1
+        self._barriers += job.barrier
 
     def take(self) -> _Job:
         """The next job to run (the lanes are not both empty)."""
         fast = bool(self.urgent) and (
-            not self.other or self.other[0].run is None or self._streak < FAIR)
+            not self.other or self.other[0].barrier or self._streak < FAIR)
         job = (self.urgent if fast else self.other).popleft()
         self._streak = self._streak + 1 if fast and self.other else 0
+        self._barriers -= job.barrier
         left = self._runs[fast]
         left[job.run] -= 1
         if not left[job.run]:
@@ -107,13 +113,15 @@ class WriterThread:
         self._ckpt.start()
 
     def submit(self, fn: Callable[..., T], *args: Any, run: str | None = None,
-               urgent: bool = False) -> cf.Future[T]:
+               urgent: bool = False, timer: bool = False) -> cf.Future[T]:
         """Run ``fn(*args)`` on the writer thread, after every job submitted before it
         (an ``urgent`` one: after those of its ``run`` and every job of no run).
 
         Args:
             run: the run the job reads or writes (None: it may touch any).
             urgent: run it ahead of the queued jobs of other runs.
+            timer: a job of no run that urgent jobs may pass all the same: one a timer
+                submits, whose moment is arbitrary (the sweep for runs whose server died).
         Raises:
             StoreBusy: too many jobs are already queued.
         """
@@ -121,7 +129,7 @@ class WriterThread:
         with self._ready:
             if len(self._lanes) >= self._lanes.size:
                 raise StoreBusy("the server's storage is busy; retry later")
-            self._lanes.put(_Job(fn, args, fut, run), urgent)
+            self._lanes.put(_Job(fn, args, fut, run, run is None and not timer), urgent)
             self._ready.notify()
         return fut
 

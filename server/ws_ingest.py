@@ -11,8 +11,8 @@ unacked; the probe never does, it waits for acks and fills its frames meanwhile)
 frames of one stream merged while the pipeline is full, up to :data:`MERGE` a batch, so
 the writer stores them in one transaction (each still acked, in order, with the
 stream's ack once stored) and the stream keeps pace instead of its frames queueing in
-the socket; frames merged are stored or refused together. A small batch (at most
-:data:`LIVE_RECORDS` records: a probe keeping pace) goes ahead of other runs' queued
+the socket; frames merged are stored or refused together. Small frames (at most
+:data:`LIVE_RECORDS` records each: a probe keeping pace) go ahead of other runs' queued
 batches at the writer.
 
 The first frame must arrive within ``ingest_hello_timeout`` (a socket that sends nothing
@@ -42,9 +42,10 @@ T = TypeVar("T")
 MERGE = 16
 """Frames of one stream merged into one batch at most (while the pipeline is full)."""
 LIVE_RECORDS = 32
-"""A batch of at most this many records is a live client's: the writer stores it ahead of
-other runs' queued batches (:mod:`server.writerthread`), so a dashboard following a run
-that trains at its own pace does not wait behind other streams' bulk frames."""
+"""Frames of at most this many records are a live client's: the writer stores their batch
+(merged or not) ahead of other runs' queued batches (:mod:`server.writerthread`), so a
+dashboard following a run that trains at its own pace does not wait behind other
+streams' bulk frames."""
 
 
 class _Resuming(NamedTuple):
@@ -198,7 +199,7 @@ class IngestSession:
         store = self.runs.store
         return asyncio.wrap_future(store.submit(
             store.ingest, batch, None, self.keys.get((f.run, f.rank)), run=f.run,
-            urgent=len(batch.entries) <= LIVE_RECORDS))
+            urgent=all(len(b.entries) <= LIVE_RECORDS for b in frames)))
 
     async def _store(self, frames: list[Batch]) -> None:
         """Store frames of one stream as one batch, acked in turn (none: nothing)."""

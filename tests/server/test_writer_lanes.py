@@ -34,9 +34,10 @@ class Writer:
         self.futures: list[cf.Future[Any]] = [self.thread.submit(self.gate.wait, 30.0)]
         time.sleep(0.05)  # the gate is running: every job below waits in the lanes
 
-    def add(self, name: str, run: str | None, urgent: bool = False) -> None:
+    def add(self, name: str, run: str | None, urgent: bool = False,
+            timer: bool = False) -> None:
         self.futures.append(self.thread.submit(self.done.append, name, run=run,
-                                               urgent=urgent))
+                                               urgent=urgent, timer=timer))
 
     def go(self) -> list[str]:
         self.gate.set()
@@ -74,6 +75,15 @@ def test_no_urgent_job_passes_a_job_of_no_run() -> None:
     w.add("b1", "b")
     done = w.go()
     assert done == ["live1", "a1", "delete", "live2", "b1"]
+
+
+def test_a_timers_job_of_no_run_holds_no_urgent_job_back() -> None:
+    w = Writer()
+    w.add("a1", "a")
+    w.add("sweep", None, timer=True)  # its moment is arbitrary: passing it changes nothing
+    w.add("live1", "live", urgent=True)
+    w.add("b1", "b")
+    assert w.go() == ["live1", "a1", "sweep", "b1"]
 
 
 def test_bulk_runs_after_fair_urgent_jobs_in_a_row() -> None:
