@@ -102,12 +102,10 @@ class Database(Protocol):
         """Inside a write transaction: be the run's one writer until it ends (servers
         sharing the database take turns; a no-op for SQLite's single writer)."""
 
-    def bump(self, conn: Any, run_id: str, generation: int) -> None:
-        """Record the run's new write generation (inside the write's transaction)."""
-
-    def announce(self, conn: Any, note: str) -> None:
-        """Tell the other servers on this database of a change (:mod:`server.remote`),
-        once the write's transaction commits; a no-op where one server writes."""
+    def bump(self, conn: Any, run_id: str, generation: int, note: str) -> None:
+        """Record the run's new write generation and tell the other servers on this
+        database of the change (``note``, :mod:`server.remote`), once the write's
+        transaction commits (inside it); a no-op where one server writes."""
 
     def listen(self, heard: Callable[[str], None], stop: threading.Event) -> None:
         """Call ``heard`` with each other server's note until ``stop`` is set (returns at

@@ -1,7 +1,7 @@
 """Live frames across servers that share one database (PostgreSQL's LISTEN/NOTIFY).
 
 A server that stores a batch, renames, annotates, interrupts or deletes a run announces it
-in the same transaction (:func:`note_of`, sent by :meth:`server.backend.Database.announce`:
+in the same transaction (:func:`note_of`, sent by :meth:`server.backend.Database.bump`:
 PostgreSQL delivers a notification only once its transaction commits). Every other server
 listens (:meth:`server.backend.Database.listen`, on the ``gradwatch-listen`` thread) and
 :class:`RemoteFeed`, on its event loop, reads what the note points at from the database

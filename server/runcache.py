@@ -93,8 +93,8 @@ class RunCache:
     def _bump(self, run_id: str, gen: int, res: IngestResult | None = None,
               deleted: bool = False) -> None:
         """Store the run's new write generation and tell the other servers."""
-        self.database.bump(self.conn, run_id, gen)
-        self.database.announce(self.conn, note_of(self.server, run_id, res, deleted))
+        self.database.bump(self.conn, run_id, gen,
+                           note_of(self.server, run_id, res, deleted))
 
     def interrupt_unheld(self, among: Container[str] | None = None,
                          why: str = "were live at shutdown") -> tuple[list[str], set[str]]:

@@ -70,11 +70,9 @@ class SqliteDatabase:
     def lock_run(self, conn: sqlite3.Connection, run_id: str) -> None:
         """Nothing to do: SQLite has one writer (the writer thread)."""
 
-    def bump(self, conn: sqlite3.Connection, run_id: str, generation: int) -> None:
-        """Nothing to do (see :meth:`generation`)."""
-
-    def announce(self, conn: sqlite3.Connection, note: str) -> None:
-        """Nothing to do: no other server reads this file."""
+    def bump(self, conn: sqlite3.Connection, run_id: str, generation: int,
+             note: str) -> None:
+        """Nothing to do (see :meth:`generation`): no other server reads this file."""
 
     def listen(self, heard: Callable[[str], None], stop: threading.Event) -> None:
         """Nothing to hear: returns at once."""
