@@ -98,9 +98,10 @@ class Database(Protocol):
         """How many writes of the run any server has committed (bumped by each), so a
         server sees another wrote it since; None where one process writes (SQLite)."""
 
-    def lock_run(self, conn: Any, run_id: str) -> None:
+    def lock_run(self, conn: Any, run_id: str) -> int | None:
         """Inside a write transaction: be the run's one writer until it ends (servers
-        sharing the database take turns; a no-op for SQLite's single writer)."""
+        sharing the database take turns; a no-op for SQLite's single writer). Returns
+        the run's :meth:`generation`, read once the lock is held."""
 
     def bump(self, conn: Any, run_id: str, generation: int, note: str) -> None:
         """Record the run's new write generation and tell the other servers on this

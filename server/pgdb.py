@@ -312,11 +312,14 @@ class PostgresDatabase:
         row = conn.raw.execute("SELECT gen FROM run_writers WHERE id=%s", (run_id,)).fetchone()
         return 0 if row is None else int(row[0])
 
-    def lock_run(self, conn: PgConn, run_id: str) -> None:
-        """A transaction-scoped advisory lock on the run id: one server writes it at a
-        time, and a server that died holds nothing."""
-        conn.raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, %s))",
-                         (run_id, pgschema.RUN_LOCKS))
+    def lock_run(self, conn: PgConn, run_id: str) -> int:
+        """A transaction-scoped advisory lock on the run id (one server writes it at a
+        time, and a server that died holds nothing); the run's generation, read once the
+        lock is held (``gw_lock_run``: one statement)."""
+        row = conn.raw.execute("SELECT gw_lock_run(%s, %s)",
+                               (run_id, pgschema.RUN_LOCKS)).fetchone()
+        assert row is not None  # a function call's one row
+        return int(row[0])
 
     def bump(self, conn: PgConn, run_id: str, generation: int, note: str) -> None:
         """Store the run's new write generation and ``pg_notify`` on :data:`CHANNEL`

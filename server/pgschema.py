@@ -24,7 +24,7 @@ from gradwatch.server.migrate import statements
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """The current version. :data:`SCHEMA` is version 4, numbered as SQLite's
 (:data:`server.db.SCHEMA_VERSION`), whose tables it mirrors; :data:`MIGRATIONS` go on
 from it, for a new database too."""
@@ -113,7 +113,26 @@ def _to_7(conn: Any) -> None:
     conn.execute(pgpack.put_pack())
 
 
-MIGRATIONS: dict[int, Migration] = {5: _to_5, 6: _to_6, 7: _to_7}
+LOCK_RUN = """
+CREATE OR REPLACE FUNCTION gw_lock_run(run TEXT, seed BIGINT) RETURNS BIGINT
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_advisory_xact_lock(hashtextextended(run, seed));
+  -- a statement of its own: its snapshot is taken once the lock is held, so it sees the
+  -- write of a server that held the lock before
+  RETURN coalesce((SELECT gen FROM run_writers WHERE id = run), 0);
+END $$"""
+"""A run's write lock and its generation read under it, in one statement
+(:meth:`server.pgdb.PostgresDatabase.lock_run`)."""
+
+
+def _to_8(conn: Any) -> None:
+    """Schema 8: ``gw_lock_run``, a run's lock and generation in one call (a batch's
+    statements cost the writer's CPU each, in psycopg)."""
+    conn.execute(LOCK_RUN)
+
+
+MIGRATIONS: dict[int, Migration] = {5: _to_5, 6: _to_6, 7: _to_7, 8: _to_8}
 """Per version N > 4: the step from N - 1 to N, run inside the migration's transaction."""
 
 

@@ -67,8 +67,10 @@ class SqliteDatabase:
         """None: one server writes a data directory (its process holds the state)."""
         return None
 
-    def lock_run(self, conn: sqlite3.Connection, run_id: str) -> None:
-        """Nothing to do: SQLite has one writer (the writer thread)."""
+    def lock_run(self, conn: sqlite3.Connection, run_id: str) -> int | None:
+        """Nothing to do: SQLite has one writer (the writer thread); None (see
+        :meth:`generation`)."""
+        return None
 
     def bump(self, conn: sqlite3.Connection, run_id: str, generation: int,
              note: str) -> None:

@@ -182,10 +182,9 @@ class Store:
                 # Servers sharing the database take turns at a run; under its lock the
                 # run's generation says whether another wrote it since this server's
                 # state: then the state is rebuilt and the checks made on it. (Read here
-                # only: a batch waits for the database once before its COMMIT.)
-                self.database.lock_run(self._conn, batch.run)
-                st = self._runs.at(batch.run,
-                                   self.database.generation(self._conn, batch.run))
+                # only, with the lock: a batch waits for the database once before its
+                # COMMIT.)
+                st = self._runs.at(batch.run, self.database.lock_run(self._conn, batch.run))
                 if not self._check(st, batch, key):
                     self._conn.execute("ROLLBACK")
                     return IngestResult(batch.run, batch.rank, -1)

@@ -19,6 +19,7 @@ from gradwatch.server import create_app
 from gradwatch.server.batch import batch_of_records
 from gradwatch.server.errors import NewerDatabase, StorageFailed, StreamOwned
 from gradwatch.server.migrate import statements
+from gradwatch.server.pgdb import PostgresDatabase
 from gradwatch.server.pgschema import SCHEMA, SCHEMA_VERSION
 from gradwatch.server.storage import Store
 from gradwatch.steplog import read_log
@@ -124,6 +125,37 @@ def test_a_server_started_with_a_password_in_db_never_shows_it(
     out = srv.log.read_text()
     assert "postgres:***@127.0.0.1" in out and "visible in ps" in out
     assert "pw-s3cret" not in out + repr(runs) + repr(health)
+
+
+def test_a_runs_generation_is_read_once_its_lock_is_held(pg_cluster: Any) -> None:
+    """A server waiting for a run's lock reads the generation the server before it
+    committed (its read is not a snapshot taken before the wait): else it would go on
+    from a stale state of the run."""
+    url = pg_cluster.new_database()
+    Store(url).close()  # the schema
+    db = PostgresDatabase(url)
+    first, second = db.open_writer(), db.open_writer()
+    got: list[int] = []
+    try:
+        first.raw.execute("BEGIN")
+        assert db.lock_run(first, "run1") == 0
+        db.bump(first, "run1", 1, "{}")
+
+        def waiter() -> None:
+            second.raw.execute("BEGIN")
+            got.append(db.lock_run(second, "run1"))  # waits for the first's COMMIT
+            second.raw.execute("COMMIT")
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        t.join(1.0)
+        assert t.is_alive() and got == []  # it waits for the lock
+        first.raw.execute("COMMIT")
+        t.join(30)
+        assert got == [1]
+    finally:
+        first.close()
+        second.close()
 
 
 def test_two_servers_on_one_database_take_turns_at_a_stream(pg_cluster: Any) -> None:
