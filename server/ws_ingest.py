@@ -8,7 +8,8 @@ which refuses a keyed stream's batch without it (:mod:`server.owners`).
 
 A client that sends faster than its frames are stored (more than the pipeline holds
 unacked; the probe never does, it waits for acks and fills its frames meanwhile) has its
-frames of one stream merged while the pipeline is full, up to :data:`MERGE` a batch, so
+frames of one stream merged while the pipeline is full, up to :data:`MERGE` a batch
+(:data:`MERGE_RECORDS` records), so
 the writer stores them in one transaction (each still acked, in order, with the
 stream's ack once stored) and the stream keeps pace instead of its frames queueing in
 the socket; frames merged are stored or refused together. Small frames (at most
@@ -41,6 +42,10 @@ T = TypeVar("T")
 
 MERGE = 16
 """Frames of one stream merged into one batch at most (while the pipeline is full)."""
+MERGE_RECORDS = 500
+"""Records of one merged batch at most (a frame bigger goes alone): the writer stores no
+faster per record in bigger batches, and a live client's batch waits for the one being
+stored (:mod:`server.writerthread` puts it ahead of those queued only)."""
 LIVE_RECORDS = 32
 """Frames of at most this many records are a live client's: the writer stores their batch
 (merged or not) ahead of other runs' queued batches (:mod:`server.writerthread`), so a
@@ -263,6 +268,7 @@ def _joins(held: list[Batch], frame: Batch) -> bool:
     """Whether ``frame`` can be merged after ``held`` (the same stream, in seq order)."""
     last = held[-1]
     return (len(held) < MERGE and frame.run == last.run and frame.rank == last.rank
+            and sum(len(b.entries) for b in held) + len(frame.entries) <= MERGE_RECORDS
             and bool(frame.entries) and bool(last.entries)
             and frame.entries[0].seq > last.entries[-1].seq)
 

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from gradwatch.frames import Ack
 from gradwatch.server import create_app
-from gradwatch.server.ws_ingest import MERGE, IngestSession
+from gradwatch.server.ws_ingest import MERGE, MERGE_RECORDS, IngestSession
 
 
 def test_frames_sent_faster_than_stored_are_merged_acked_each_and_stored_once(
@@ -65,3 +65,47 @@ def test_frames_sent_faster_than_stored_are_merged_acked_each_and_stored_once(
         assert run["steps"] == 200 and run["status"] == "finished" and run["findings"] >= 1
         steps = client.get("/api/runs/run1/steps?max_points=1000").json()
         assert steps["step"] == list(range(200))
+
+
+def test_big_frames_are_merged_only_up_to_merge_records(
+        where: Path | str, tmp_path: Path, monkeypatch: Any) -> None:
+    """A merged batch holds the writer as long as its records take; a live client's batch
+    waits for it (it goes ahead of queued batches only), so merging stops at
+    MERGE_RECORDS records."""
+    recs = synth.records(steps=2000)
+    size = 2 * MERGE_RECORDS // 5  # two merge, three would pass MERGE_RECORDS
+    frames = synth.batches(recs, "run1", 0, size)
+    settings = app_settings(data_dir=tmp_path / "data", max_msgs_per_sec=100_000,
+                            db=where if isinstance(where, str) else None)
+    with TestClient(create_app(settings)) as client:
+        runs = client.app.state.runs  # type: ignore[attr-defined]
+        stored: list[int] = []
+        parsed = [0]
+        ingest, parse = runs.store.ingest, runs.parser.parse
+
+        def counting_ingest(batch: Any, *a: Any) -> Any:
+            stored.append(len(batch.entries))
+            return ingest(batch, *a)
+
+        async def counting_parse(text: str) -> Any:
+            frame = await parse(text)
+            parsed[0] += 1
+            return frame
+
+        monkeypatch.setattr(runs.store, "ingest", counting_ingest)
+        monkeypatch.setattr(runs.parser, "parse", counting_parse)
+        gate = threading.Event()
+        runs.store.submit(gate.wait, 30.0)
+        with client.websocket_connect("/ws/ingest") as ws:
+            for f in frames:
+                ws.send_text(f)
+            deadline = time.monotonic() + 60
+            while parsed[0] < len(frames) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.1)
+            gate.set()
+            acks = [Ack.model_validate_json(ws.receive_text()).seq for _ in frames]
+        assert acks[-1] == recs[-1].seq and acks == sorted(acks)
+        assert sum(stored) == len(recs) and len(stored) < len(frames)  # some merged
+        assert max(stored) <= MERGE_RECORDS
+        assert client.get("/api/runs/run1").json()["steps"] == 2000
