@@ -19,6 +19,40 @@ from gradwatch.server import create_app
 from gradwatch.server.ws_ingest import MERGE, MERGE_RECORDS, IngestSession
 
 
+def send_while_writer_busy(client: TestClient, frames: list[str], monkeypatch: Any
+                           ) -> tuple[list[int], list[int]]:
+    """Send ``frames`` on one connection, no ack awaited, while the writer is held busy
+    until all are read; the acks, and the records of each batch the writer stored."""
+    runs = client.app.state.runs  # type: ignore[attr-defined]
+    stored: list[int] = []  # records per batch the writer stored
+    parsed = [0]
+    ingest, parse = runs.store.ingest, runs.parser.parse
+
+    def counting_ingest(batch: Any, *a: Any) -> Any:
+        stored.append(len(batch.entries))
+        return ingest(batch, *a)
+
+    async def counting_parse(text: str) -> Any:
+        frame = await parse(text)
+        parsed[0] += 1
+        return frame
+
+    monkeypatch.setattr(runs.store, "ingest", counting_ingest)
+    monkeypatch.setattr(runs.parser, "parse", counting_parse)
+    gate = threading.Event()
+    runs.store.submit(gate.wait, 30.0)  # the writer busy: frames wait for it
+    with client.websocket_connect("/ws/ingest") as ws:
+        for f in frames:  # all sent, no ack awaited
+            ws.send_text(f)
+        deadline = time.monotonic() + 60
+        while parsed[0] < len(frames) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # the last frame parsed: merged (no await after the parse)
+        gate.set()
+        acks = [Ack.model_validate_json(ws.receive_text()).seq for _ in frames]
+    return acks, stored
+
+
 def test_frames_sent_faster_than_stored_are_merged_acked_each_and_stored_once(
         where: Path | str, tmp_path: Path, monkeypatch: Any) -> None:
     recs = synth.records(steps=200, stale_from=150)
@@ -26,33 +60,7 @@ def test_frames_sent_faster_than_stored_are_merged_acked_each_and_stored_once(
     settings = app_settings(data_dir=tmp_path / "data", max_msgs_per_sec=100_000,
                             db=where if isinstance(where, str) else None)
     with TestClient(create_app(settings)) as client:
-        runs = client.app.state.runs  # type: ignore[attr-defined]
-        stored: list[int] = []  # records per batch the writer stored
-        parsed = [0]
-        ingest, parse = runs.store.ingest, runs.parser.parse
-
-        def counting_ingest(batch: Any, *a: Any) -> Any:
-            stored.append(len(batch.entries))
-            return ingest(batch, *a)
-
-        async def counting_parse(text: str) -> Any:
-            frame = await parse(text)
-            parsed[0] += 1
-            return frame
-
-        monkeypatch.setattr(runs.store, "ingest", counting_ingest)
-        monkeypatch.setattr(runs.parser, "parse", counting_parse)
-        gate = threading.Event()
-        runs.store.submit(gate.wait, 30.0)  # the writer busy: frames wait for it
-        with client.websocket_connect("/ws/ingest") as ws:
-            for f in frames:  # all sent, no ack awaited
-                ws.send_text(f)
-            deadline = time.monotonic() + 30
-            while parsed[0] < len(frames) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            time.sleep(0.1)  # the last frame parsed: merged (no await after the parse)
-            gate.set()
-            acks = [Ack.model_validate_json(ws.receive_text()).seq for _ in frames]
+        acks, stored = send_while_writer_busy(client, frames, monkeypatch)
         # one ack per frame, in order, never going back; the last says all is stored
         assert len(acks) == len(frames) and acks == sorted(acks) and acks[-1] == recs[-1].seq
         # the first frames went one a batch (the pipeline and the acker's), the rest
@@ -78,33 +86,7 @@ def test_big_frames_are_merged_only_up_to_merge_records(
     settings = app_settings(data_dir=tmp_path / "data", max_msgs_per_sec=100_000,
                             db=where if isinstance(where, str) else None)
     with TestClient(create_app(settings)) as client:
-        runs = client.app.state.runs  # type: ignore[attr-defined]
-        stored: list[int] = []
-        parsed = [0]
-        ingest, parse = runs.store.ingest, runs.parser.parse
-
-        def counting_ingest(batch: Any, *a: Any) -> Any:
-            stored.append(len(batch.entries))
-            return ingest(batch, *a)
-
-        async def counting_parse(text: str) -> Any:
-            frame = await parse(text)
-            parsed[0] += 1
-            return frame
-
-        monkeypatch.setattr(runs.store, "ingest", counting_ingest)
-        monkeypatch.setattr(runs.parser, "parse", counting_parse)
-        gate = threading.Event()
-        runs.store.submit(gate.wait, 30.0)
-        with client.websocket_connect("/ws/ingest") as ws:
-            for f in frames:
-                ws.send_text(f)
-            deadline = time.monotonic() + 60
-            while parsed[0] < len(frames) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            time.sleep(0.1)
-            gate.set()
-            acks = [Ack.model_validate_json(ws.receive_text()).seq for _ in frames]
+        acks, stored = send_while_writer_busy(client, frames, monkeypatch)
         assert acks[-1] == recs[-1].seq and acks == sorted(acks)
         assert sum(stored) == len(recs) and len(stored) < len(frames)  # some merged
         assert max(stored) <= MERGE_RECORDS
