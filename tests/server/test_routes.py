@@ -287,7 +287,7 @@ def test_busy_storage_answers_503_and_a_full_run_list_429(tmp_path: Path) -> Non
         assert r.status_code == 429 and "run limit" in r.json()["detail"]
         store = client.app.state.runs.store  # type: ignore[attr-defined]
 
-        def busy(*_: object) -> None:
+        def busy(*_: object, **__: object) -> None:
             raise StoreBusy("the server's storage is busy; retry later")
 
         store.submit = busy  # as when its queue is full
