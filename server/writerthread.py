@@ -5,8 +5,8 @@ stay short).
 Jobs run in the order they were submitted, with one exception: a job marked ``urgent``
 (a live client's small batch, :mod:`server.ws_ingest`) goes ahead of the queued jobs of
 other runs, so it does not wait behind other streams' bulk batches. A run's jobs keep
-their order (a run's jobs are never in both lanes at once), a job of no run (but a timer's)
-is overtaken by none submitted after it, and after
+their order (a job goes to the urgent lane only while no job of its run waits in the
+other), a job of no run (but a timer's) is overtaken by none submitted after it, and after
 :data:`FAIR` urgent jobs in a row the oldest other job runs (bulk is never starved).
 
 :class:`~server.storage.Store` owns one and submits its operations through it. Plain module:
@@ -45,8 +45,9 @@ class _Job(NamedTuple):
 class _Lanes:
     """The queued jobs: an urgent lane and a lane of the others, each first in first out.
 
-    A run's jobs are in one lane at a time, so they run in their order; a barrier in the
-    other lane lets no urgent job pass it (see the module doc).
+    A job joins the urgent lane only while no job of its run and no barrier waits in the
+    other lane, and the urgent jobs queued before a barrier run before it: so a run's jobs
+    run in their order, and no urgent job passes a barrier (see the module doc).
     """
 
     def __init__(self, size: int):
