@@ -287,8 +287,6 @@ _EXACT = {
 parameters)."""
 _PARTS = {
     "(SELECT max(step) FROM steps t WHERE t.sid=e.sid)": f"gw_last_step(e.sid, -1, {_MAX})",
-    "JOIN steps s ON s.sid=p.sid AND s.step=p.step":
-        "CROSS JOIN LATERAL gw_steps_at(p.sid, p.step) s",
 }
 """Parts of statements (no parameters in them) and their form over the packs."""
 _RANGE = re.compile(

@@ -196,25 +196,27 @@ class Reader:
                                    fresh_norm=[])
             sid = ser[0]
             picked, b = param_steps(c, sid, lo, hi, max_points, ser[1])
-            sql = ("SELECT p.step, p.norms, p.fresh, s.flags FROM param_norms p JOIN steps s "
-                   "ON s.sid=p.sid AND s.step=p.step WHERE p.sid=? ")
-            got: list[tuple[int, Any, Any, int]] = []
-            if picked is None:
-                got = c.execute(sql + "AND p.step BETWEEN ? AND ? ORDER BY p.step",
-                                (sid, lo, hi)).fetchall()
-            else:
+            reads: list[tuple[str, tuple[int, ...]]] = [("BETWEEN ? AND ?", (lo, hi))]
+            if picked is not None:
                 near = {_kept_near(c, sid, x, b, lo, hi) for x in picked}
                 kept = sorted(x for x in near if x is not None)
-                for i in range(0, len(kept), 900):
-                    part = kept[i:i + 900]
-                    got += c.execute(sql + f"AND p.step IN ({','.join('?' * len(part))}) "
-                                           f"ORDER BY p.step", (sid, *part)).fetchall()
+                reads = [(f"IN ({','.join('?' * len(kept[i:i + 900]))})", tuple(kept[i:i + 900]))
+                         for i in range(0, len(kept), 900)]
+            got: list[tuple[int, Any, Any, int]] = []
+            for cond, args in reads:
+                # Two range reads, not a join: PostgreSQL's packed steps are read by range
+                # (server.pgpack), where a join would unpack a chunk for every row.
+                flags = dict(c.execute(f"SELECT step, flags FROM steps WHERE sid=? AND step "
+                                       f"{cond}", (sid, *args)).fetchall())
+                got += [(step, pn, pf, flags[step]) for step, pn, pf in c.execute(
+                    f"SELECT step, norms, fresh FROM param_norms WHERE sid=? AND step {cond} "
+                    "ORDER BY step", (sid, *args)) if step in flags]
             steps, norms, fresh = [], [], []
-            for step, pn, pf, flags in got:
+            for step, pn, pf, flags_of in got:
                 n = unpack_norms(pn)
                 steps.append(step)
                 norms.append(n or [])
-                fresh.append((n if flags & FLAG_PFRESH_IS_PNORM else unpack_norms(pf)) or [])
+                fresh.append((n if flags_of & FLAG_PFRESH_IS_PNORM else unpack_norms(pf)) or [])
         return ParamSeries(opt=opt, rank=rank, params=names, step=steps, norm=norms,
                            fresh_norm=fresh, bucket=b)
 

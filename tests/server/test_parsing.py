@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import multiprocessing
+import subprocess
 
 import pytest
 import synth
@@ -66,3 +70,21 @@ async def test_worker_processes_validate_big_frames_as_the_server_would() -> Non
         assert isinstance(await parser.parse(Hello(run="run1").model_dump_json()), Hello)
     finally:
         parser.close()
+
+
+async def test_stopping_the_parser_finishes_the_frames_it_holds_and_ends_its_processes(
+        caplog: pytest.LogCaptureFixture) -> None:
+    parser = FrameParser(processes=2)
+    parser.start()
+    await parser.started()
+    procs = multiprocessing.active_children()
+    assert len(procs) == 2
+    # Work a worker holds when the server stops (a shell sleep: it outlasts the call to
+    # close below) is finished there, not lost with the process (nor done again in a
+    # thread once its process is gone, with an error logged).
+    held = asyncio.ensure_future(parser.run(subprocess.getoutput, "sleep 0.5; echo parsed"))
+    await asyncio.sleep(0.05)  # submitted
+    parser.close()
+    assert await held == "parsed"
+    assert not [p for p in procs if p.is_alive()]
+    assert not [r.message for r in caplog.records if r.levelno >= logging.WARNING]
