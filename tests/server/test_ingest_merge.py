@@ -44,10 +44,17 @@ def send_while_writer_busy(client: TestClient, frames: list[str], monkeypatch: A
     with client.websocket_connect("/ws/ingest") as ws:
         for f in frames:  # all sent, no ack awaited
             ws.send_text(f)
-        deadline = time.monotonic() + 60
+        # Until every frame is parsed, or the connection stops reading (a merged batch
+        # full: the rest wait for the writer); then the last parsed one is merged (no
+        # await after the parse).
+        deadline, seen, still = time.monotonic() + 60, -1, time.monotonic()
         while parsed[0] < len(frames) and time.monotonic() < deadline:
+            if parsed[0] != seen:
+                seen, still = parsed[0], time.monotonic()
+            elif time.monotonic() - still > 1.0:
+                break
             time.sleep(0.01)
-        time.sleep(0.1)  # the last frame parsed: merged (no await after the parse)
+        time.sleep(0.1)
         gate.set()
         acks = [Ack.model_validate_json(ws.receive_text()).seq for _ in frames]
     return acks, stored
