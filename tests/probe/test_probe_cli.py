@@ -274,12 +274,13 @@ def test_fail_on_findings_fails_a_successful_script_with_findings(script: Path,
     own = _run(["run", "--fail-on-findings", "--log", log, "--", str(script), "--bug",
                 "--exit3"], tmp_path)
     assert own.returncode == 3
-    assert _run(["run", "--log", log, "--", str(script), "--bug"], tmp_path).returncode == 0
+    # without the flag, findings leave the exit status alone: the next test's first run
 
 
 def test_running_again_with_the_same_log_replaces_it(script: Path, tmp_path: Path) -> None:
     log = tmp_path / "again.jsonl"
     first = _run(["run", "--log", str(log), "--", str(script), "--bug"], tmp_path)
+    assert first.returncode == 0 and "1 finding" in first.stderr  # no --fail-on-findings
     assert "replaced" not in first.stderr
     second = _run(["run", "--log", str(log), "--", str(script)], tmp_path)
     assert f"writing the step log to {log} (replaced the step log of an earlier run)" \
@@ -385,8 +386,8 @@ HOGWILD = textwrap.dedent('''
         for p in procs:
             p.join()
         assert [p.exitcode for p in procs] == [0, 0]
-        # a DataLoader's worker processes build no optimizer: they get no log
-        loader = DataLoader(TensorDataset(torch.randn(8, 3)), batch_size=4, num_workers=2,
+        # a DataLoader's worker process builds no optimizer: it gets no log
+        loader = DataLoader(TensorDataset(torch.randn(8, 3)), batch_size=4, num_workers=1,
                             multiprocessing_context=sys.argv[1])
         assert len(list(loader)) == 2
 ''')
