@@ -8,7 +8,8 @@ what it touches cold there, which a hot micro-benchmark misses, so it is timed i
 each training step is cut into six segments at points that exist in the bare loop too,
 
 - ``zero_grad``: the whole ``opt.zero_grad()`` call (its island is at its end);
-- ``forward``: the forward and the loss (no island; what follows an island pays for it);
+- ``forward``: the forward and the loss (no island; what follows an island pays for it;
+  the last step's loss is dropped here, as a loop rebinding ``loss`` drops it);
 - ``backward island``: from ``loss.backward()`` to the engine's first node (a pre-hook on the
   loss's ``grad_fn``, registered in every mode);
 - ``backward rest``: the engine (the probe's per-parameter hooks are bound ``list.append``);
@@ -70,6 +71,9 @@ def islands(name: str, make: Make, blocks: int, steps: int, tmp: Path
     marks = [0.0, 0.0]
     """The engine's start and the step's start, written by the two hooks below."""
     seg: dict[str, list[list[float]]] = {m: [] for m in MODES}
+    held: list[torch.Tensor | None] = [None]
+    """The last step's loss, held until the next forward replaces it, as a loop's ``loss``
+    variable is (the probe holds it until the next backward: freed in its island)."""
 
     def engine_started(_grads: Any) -> None:
         marks[0] = now()
@@ -81,7 +85,7 @@ def islands(name: str, make: Make, blocks: int, steps: int, tmp: Path
         t0 = now()
         opt.zero_grad()
         t1 = now()
-        loss = loss_fn(model(x), y)
+        loss = held[0] = loss_fn(model(x), y)
         loss.grad_fn.register_prehook(engine_started)
         t2 = now()
         loss.backward()
