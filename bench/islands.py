@@ -25,12 +25,17 @@ interleaved blocks whose order rotates, as in ``probe_overhead.py``; the models 
 MLP and 200 x Linear(64, 64). A *rest* segment is the island's after-effect on torch's own
 work (caches the probe pushed out), expected near zero.
 
-Run: ``python bench/islands.py [--model both|mlp|many] [--blocks N] [--steps N]``
+With ``--previous CHECKOUT`` another checkout's judging and norms run in the same blocks
+(:mod:`previous`), so a change to one island is told apart from the machine's spells.
+
+Run: ``python bench/islands.py [--model both|mlp|many] [--blocks N] [--steps N]
+[--previous CHECKOUT]``
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import statistics
 import sys
@@ -45,6 +50,7 @@ import torch
 import gradwatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from previous import Previous  # noqa: E402 - a module beside this script
 from probe_overhead import (  # noqa: E402 - a module beside this script: the same loop
     Make,
     _many,
@@ -59,10 +65,12 @@ from probe_overhead import (  # noqa: E402 - a module beside this script: the sa
 SEGMENTS = ("zero_grad", "forward", "backward island", "backward rest", "step island",
             "step rest")
 MODES = ("baseline", "judging", "norms")
+PREVIOUS = ("prev_judging", "prev_norms")
+"""With ``--previous``: another checkout's judging and norms (:mod:`previous`)."""
 
 
-def islands(name: str, make: Make, blocks: int, steps: int, tmp: Path
-            ) -> dict[str, dict[str, tuple[float, float]]]:
+def islands(name: str, make: Make, blocks: int, steps: int, tmp: Path,
+            previous: Previous | None = None) -> dict[str, dict[str, tuple[float, float]]]:
     """Per mode (not the baseline) and segment: ``(median us over the baseline, its
     standard error)``, paired by block; and the baseline's own medians (``se`` NaN)."""
     model, x, y, opt = _setup(make)
@@ -70,7 +78,8 @@ def islands(name: str, make: Make, blocks: int, steps: int, tmp: Path
     now = time.perf_counter
     marks = [0.0, 0.0]
     """The engine's start and the step's start, written by the two hooks below."""
-    seg: dict[str, list[list[float]]] = {m: [] for m in MODES}
+    modes = (*MODES, *(PREVIOUS if previous is not None else ()))
+    seg: dict[str, list[list[float]]] = {m: [] for m in modes}
     held: list[torch.Tensor | None] = [None]
     """The last step's loss, held until the next forward replaces it, as a loop's ``loss``
     variable is (the probe holds it until the next backward: freed in its island)."""
@@ -97,25 +106,23 @@ def islands(name: str, make: Make, blocks: int, steps: int, tmp: Path
                               marks[1] - t3, t4 - marks[1]])
 
     def attach(mode: str, b: int) -> Callable[[], None]:
-        handle = None
+        stack = contextlib.ExitStack()
         if mode != "baseline":
-            handle = gradwatch.watch(opt, log=tmp / f"{name}-{mode}-{b}.jsonl",
-                                     norms_every=1 if mode == "norms" else 0)
+            gw = gradwatch
+            if mode in PREVIOUS and previous is not None:
+                gw = stack.enter_context(previous.active())
+            handle = gw.watch(opt, log=tmp / f"{name}-{mode}-{b}.jsonl",
+                              norms_every=1 if mode.endswith("norms") else 0)
+            stack.callback(handle.close)  # (closed first, its modules still in place)
         # after the probe's: step pre-hooks run in the order they were registered
-        mine = opt.register_step_pre_hook(step_started)
-
-        def detach() -> None:
-            mine.remove()
-            if handle is not None:
-                handle.close()
-
-        return detach
+        stack.callback(opt.register_step_pre_hook(step_started).remove)
+        return stack.close
 
     for _ in range(5):
         step(None)
     for b in range(blocks):
-        k = b % len(MODES)
-        for mode in MODES[k:] + MODES[:k]:  # each mode takes each position alike
+        k = b % len(modes)
+        for mode in modes[k:] + modes[:k]:  # each mode takes each position alike
             detach = attach(mode, b)
             for _ in range(3):
                 step(None)
@@ -126,7 +133,7 @@ def islands(name: str, make: Make, blocks: int, steps: int, tmp: Path
     base = [per_block([s[i] for s in seg["baseline"]], steps) for i in range(len(SEGMENTS))]
     out["baseline"] = {s: (1e6 * statistics.median(base[i]), float("nan"))
                        for i, s in enumerate(SEGMENTS)}
-    for mode in MODES[1:]:
+    for mode in modes[1:]:
         out[mode] = {}
         for i, s in enumerate(SEGMENTS):
             mine = per_block([t[i] for t in seg[mode]], steps)
@@ -139,20 +146,21 @@ def report(name: str, r: dict[str, dict[str, tuple[float, float]]], blocks: int,
            steps: int) -> None:
     print(f"\n{name}: each segment of a step, us ({blocks} blocks of {steps} steps; "
           f"paired by block, +- one standard error of the median)")
-    print(f"  {'segment':16s} {'baseline':>9s}   " + "   ".join(f"{m:>18s}" for m in MODES[1:]))
-    totals = {m: 0.0 for m in MODES[1:]}
+    modes = [m for m in r if m != "baseline"]
+    print(f"  {'segment':16s} {'baseline':>9s}   " + "   ".join(f"{m:>18s}" for m in modes))
+    totals = {m: 0.0 for m in modes}
     for s in SEGMENTS:
         cells = []
-        for m in MODES[1:]:
+        for m in modes:
             v, se = r[m][s]
             totals[m] += v
             cells.append(f"{v:+8.1f} +- {_se_text(se, 1):>5s}")
         print(f"  {s:16s} {r['baseline'][s][0]:9.1f}   " + "   ".join(cells))
     print(f"  {'islands':16s} {'':9s}   " + "   ".join(
         f"{sum(r[m][s][0] for s in SEGMENTS if 'island' in s or s == 'zero_grad'):+8.1f}"
-        f"{'':9s}" for m in MODES[1:]))
+        f"{'':9s}" for m in modes))
     print(f"  {'sum of segments':16s} {'':9s}   " + "   ".join(
-        f"{totals[m]:+8.1f}{'':9s}" for m in MODES[1:]))
+        f"{totals[m]:+8.1f}{'':9s}" for m in modes))
 
 
 def main() -> None:
@@ -163,18 +171,25 @@ def main() -> None:
                     "the many-tensor model; about 3 minutes for both)")
     ap.add_argument("--steps", type=_positive, default=10, help="timed steps per block")
     ap.add_argument("--threads", type=_positive, default=1, help="torch intra-op threads")
+    ap.add_argument("--previous", type=Path, default=None, metavar="CHECKOUT",
+                    help="another checkout (`git worktree add /tmp/prev REV`): its judging "
+                    "and norms timed in the same blocks")
     args = ap.parse_args()
     logging.getLogger("gradwatch").setLevel(logging.ERROR)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); wall clock")
     with tempfile.TemporaryDirectory() as d:
+        previous = None if args.previous is None else Previous(args.previous, Path(d))
+        if previous is not None:
+            print(f"previous: {previous.where}")
         for key, name, make, blocks in (
                 ("mlp", "MLP 784-512-512-10, batch 64", _mlp, 300),
                 ("many", "200 x Linear(64,64), batch 64", _many, 100)):
             if args.model not in ("both", key):
                 continue
             blocks = args.blocks or blocks
-            report(name, islands(key, make, blocks, args.steps, Path(d)), blocks, args.steps)
+            report(name, islands(key, make, blocks, args.steps, Path(d), previous), blocks,
+                   args.steps)
 
 
 if __name__ == "__main__":
