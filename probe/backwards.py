@@ -107,7 +107,8 @@ class Backwards(Generic[L]):
             self.phase += 1
             self.stepped = False
             self.phase_began = True
-            self.through.clear()
+            if self.through:
+                self.through.clear()
         else:
             self.phase_began = False
         # (each backward adds at most one of each: checked every _PRUNE_CHECK backwards)

@@ -124,7 +124,8 @@ class Ledger:
 
     # ---------------------------------------------------------------- torch's events
     def after_zero_grad(self, site: int = 0) -> None:
-        """``Optimizer.zero_grad`` (called at ``site``) reset every parameter."""
+        """``Optimizer.zero_grad`` (called at ``site``) reset every parameter (inlined in
+        :meth:`Tracker.opt_zero_grad`'s usual case: a change here goes there too)."""
         if self.norms.began:  # (else it holds no fresh part: nothing to throw away)
             self.norms.reset()
         self.contents.reset_all("optimizer_zero_grad", site)

@@ -35,7 +35,7 @@ UNSCALED = "_gradwatch_unscaled"
 """The attribute ``GradScaler.scale``'s wrapper sets on its output: the tensor it scaled."""
 _KEEP = 1024
 """Backwards whose values are kept waiting for a step (an accumulation window longer than
-this leaves its steps' loss unknown)."""
+this leaves its steps' loss unknown), checked by :meth:`Roots.trim`."""
 _RECENT = 64
 """Values already taken, kept for another optimizer stepping on the same backward."""
 _MISSING = object()
@@ -109,31 +109,39 @@ def capture_roots(tensors: Any) -> list[Value] | None:
 class Roots:
     """The root values of recent backwards, by backward number, until a step takes them."""
 
-    __slots__ = ("on", "_waiting", "_recent")
+    __slots__ = ("on", "waiting", "_recent")
 
     def __init__(self) -> None:
         self.on = True
         """False after an unexpected error: losses are then unknown, the rest goes on."""
-        self._waiting: dict[int, list[Value] | None] = {}
+        self.waiting: dict[int, list[Value] | None] = {}
+        """Backward -> its root values, until a step takes them (the tracker writes the
+        usual CPU loss here itself; :meth:`trim` bounds it)."""
         self._recent: dict[int, list[Value] | None] = {}
 
     def note(self, bw: int, tensors: Any) -> None:
-        """Backward ``bw`` starts from ``tensors``; never raises."""
+        """Backward ``bw`` starts from ``tensors``; never raises. (Its usual case, a CPU
+        loss, is inlined in :meth:`Tracker.begin`: a change here goes there too.)"""
         if not self.on:
             return
         try:
-            waiting = self._waiting
             t = tensors
             if (type(t) is _Tensor and t.is_cpu and t.numel() == 1 and t.is_floating_point()
                     and getattr(t, UNSCALED, None) is None):
                 # the usual loss, read here (as :func:`capture` reads it): no frame more
-                waiting[bw] = [t.item()]  # a floating-point tensor's item() is a float
+                self.waiting[bw] = [t.item()]  # a floating-point tensor's item() is a float
             else:
-                waiting[bw] = capture_roots(tensors)
-            if len(waiting) > _KEEP:
-                del waiting[next(iter(waiting))]
+                self.waiting[bw] = capture_roots(tensors)
         except Exception:  # noqa: BLE001 - never raise into the training loop
             self._fail()
+
+    def trim(self) -> None:
+        """Forget the oldest values beyond :data:`_KEEP` (backwards no step took: an
+        accumulation window that long leaves its step's loss unknown). The tracker calls it
+        once in many backwards: the usual backward pays no check."""
+        waiting = self.waiting
+        while len(waiting) > _KEEP:
+            del waiting[next(iter(waiting))]
 
     def take(self, bws: Any) -> list[Value] | None:
         """The values of the roots of backwards ``bws`` (one step's), or None when one of
@@ -141,7 +149,7 @@ class Roots:
         if not self.on or not bws:
             return None
         try:
-            waiting, recent = self._waiting, self._recent
+            waiting, recent = self.waiting, self._recent
             out: list[Value] = []
             for b in bws:
                 v = waiting.pop(b, _MISSING)
@@ -161,7 +169,7 @@ class Roots:
 
     def _fail(self) -> None:
         self.on = False
-        self._waiting.clear()
+        self.waiting.clear()
         self._recent.clear()
         log.warning("gradwatch: cannot read the loss passed to backward(); steps record "
                     "no loss from now on", exc_info=True)

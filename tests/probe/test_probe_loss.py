@@ -138,6 +138,49 @@ def test_non_scalar_roots_leave_the_loss_unknown_and_training_goes_on(tmp_path: 
     assert [s.loss is None for s in steps] == [True, True, False]
 
 
+def test_a_loss_that_cannot_be_read_turns_the_loss_off_not_the_probe(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl") as handle:
+        opt.zero_grad()
+        loss_of(model, 0).backward()
+        opt.step()
+
+        def unreadable(self: torch.Tensor) -> float:
+            raise RuntimeError("no value here")
+
+        monkeypatch.setattr(torch.Tensor, "item", unreadable)
+        for i in range(1, 3):
+            opt.zero_grad()
+            loss_of(model, i).backward()
+            opt.step()
+        monkeypatch.undo()
+        assert handle.tracker.on and not handle.tracker.roots.on
+    steps = _steps(tmp_path / "a.jsonl")
+    assert len(steps) == 3  # every step still judged and recorded
+    assert steps[0].loss is not None and [s.loss for s in steps[1:]] == [None, None]
+
+
+def test_backwards_no_step_takes_keep_their_losses_bounded(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.ones(1, 2)
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl") as handle:
+        for _ in range(3 * 1024 + 5):  # one accumulation window, far longer than kept
+            model(x).sum().backward()
+        waiting = len(handle.tracker.roots.waiting)
+        opt.step()
+        opt.zero_grad()
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+    assert losses._KEEP <= waiting <= losses._KEEP + 1024
+    steps = _steps(tmp_path / "a.jsonl")
+    assert steps[0].loss is None  # its first backwards' values were forgotten
+    assert steps[1].loss == _recorded([loss.item()])[0]
+
+
 def test_nan_loss_is_data(tmp_path: Path) -> None:
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
