@@ -367,7 +367,15 @@ class Tracker:
                     facts.sites.reset = self.sites.hook_site()  # hook meant to make it
             facts.roots = self.roots.take(facts.tally.bws)
         else:  # textbook: one backward, whose marker leads the hooks' list
-            facts.roots = self.roots.take((-facts.hits[0],))
+            values, bw = self.roots, -facts.hits[0]
+            # :meth:`Roots.take`'s usual case (its value waiting), inlined: no frame of its
+            # own in the step's island; any other case through it
+            v = values.waiting.pop(bw, None) if values.on else None
+            if v is not None:
+                values.recent[bw] = v
+                facts.roots = v
+            else:
+                facts.roots = values.take((bw,))
         if opt is not None:
             # :func:`learning_rates`' first case inlined (one group, a float lr: no frame on
             # the usual step); every check is a type test, so nothing here can raise
