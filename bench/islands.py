@@ -168,7 +168,7 @@ def main() -> None:
     ap.add_argument("--model", choices=("both", "mlp", "many"), default="both")
     ap.add_argument("--blocks", type=_positive, default=None,
                     help="interleaved blocks per model (default: 300 for the MLP, 100 for "
-                    "the many-tensor model; about 3 minutes for both)")
+                    "the many-tensor model; about 5 minutes for both)")
     ap.add_argument("--steps", type=_positive, default=10, help="timed steps per block")
     ap.add_argument("--threads", type=_positive, default=1, help="torch intra-op threads")
     ap.add_argument("--previous", type=Path, default=None, metavar="CHECKOUT",
