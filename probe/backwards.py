@@ -75,7 +75,8 @@ class Backwards(Generic[L]):
         self.roots: Any = None
         """What the last backward started from (its ``tensors``), which holds its graph's
         nodes (their saved tensors are freed by then); None after a ``retain_graph``
-        backward, whose saved tensors must not outlive the user's reference."""
+        backward, whose saved tensors must not outlive the user's reference, and once a
+        textbook step consumed that backward (the ledger lets go)."""
         self.roots_bw = 0
         self.held: Mapping[Any, Any] = held if held is not None else {}
         """The parameters some watched optimizer holds (any container)."""

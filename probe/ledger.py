@@ -209,6 +209,11 @@ class Ledger:
             self.step += 1
             self.in_step = False
             backwards.stepped = True
+            # The step consumed its one backward whole: no reset can lose its contributions
+            # now, so :meth:`Backwards.wrote_input_grad` never needs its roots again. Let
+            # go of them (the loss and its graph's nodes): the user's ``loss`` variable
+            # frees them where it would unwatched, not the next backward's island.
+            backwards.roots = None
             if backwards.lossy and self in backwards.lossy:
                 backwards.lossy.discard(self)
                 self.deliberate.forget()
