@@ -75,7 +75,8 @@ class Backwards(Generic[L]):
         self.roots: Any = None
         """What the last backward started from (its ``tensors``), which holds its graph's
         nodes (their saved tensors are freed by then); None after a ``retain_graph``
-        backward, whose saved tensors must not outlive the user's reference."""
+        backward, whose saved tensors must not outlive the user's reference, and once a
+        textbook step consumed that backward (the ledger lets go)."""
         self.roots_bw = 0
         self.held: Mapping[Any, Any] = held if held is not None else {}
         """The parameters some watched optimizer holds (any container)."""
@@ -107,7 +108,8 @@ class Backwards(Generic[L]):
             self.phase += 1
             self.stepped = False
             self.phase_began = True
-            self.through.clear()
+            if self.through:
+                self.through.clear()
         else:
             self.phase_began = False
         # (each backward adds at most one of each: checked every _PRUNE_CHECK backwards)

@@ -124,7 +124,8 @@ class Ledger:
 
     # ---------------------------------------------------------------- torch's events
     def after_zero_grad(self, site: int = 0) -> None:
-        """``Optimizer.zero_grad`` (called at ``site``) reset every parameter."""
+        """``Optimizer.zero_grad`` (called at ``site``) reset every parameter (inlined in
+        :meth:`Tracker.opt_zero_grad`'s usual case: a change here goes there too)."""
         if self.norms.began:  # (else it holds no fresh part: nothing to throw away)
             self.norms.reset()
         self.contents.reset_all("optimizer_zero_grad", site)
@@ -208,6 +209,11 @@ class Ledger:
             self.step += 1
             self.in_step = False
             backwards.stepped = True
+            # The step consumed its one backward whole: no reset can lose its contributions
+            # now, so :meth:`Backwards.wrote_input_grad` never needs its roots again. Let
+            # go of them (the loss and its graph's nodes): the user's ``loss`` variable
+            # frees them where it would unwatched, not the next backward's island.
+            backwards.roots = None
             if backwards.lossy and self in backwards.lossy:
                 backwards.lossy.discard(self)
                 self.deliberate.forget()

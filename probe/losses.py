@@ -35,9 +35,10 @@ UNSCALED = "_gradwatch_unscaled"
 """The attribute ``GradScaler.scale``'s wrapper sets on its output: the tensor it scaled."""
 _KEEP = 1024
 """Backwards whose values are kept waiting for a step (an accumulation window longer than
-this leaves its steps' loss unknown)."""
+this leaves its steps' loss unknown), checked by :meth:`Roots.trim`."""
 _RECENT = 64
-"""Values already taken, kept for another optimizer stepping on the same backward."""
+"""Values already taken, kept for another optimizer stepping on the same backward (checked
+by :meth:`Roots.trim`)."""
 _MISSING = object()
 
 
@@ -109,39 +110,52 @@ def capture_roots(tensors: Any) -> list[Value] | None:
 class Roots:
     """The root values of recent backwards, by backward number, until a step takes them."""
 
-    __slots__ = ("on", "_waiting", "_recent")
+    __slots__ = ("on", "waiting", "recent")
 
     def __init__(self) -> None:
         self.on = True
         """False after an unexpected error: losses are then unknown, the rest goes on."""
-        self._waiting: dict[int, list[Value] | None] = {}
-        self._recent: dict[int, list[Value] | None] = {}
+        self.waiting: dict[int, list[Value] | None] = {}
+        """Backward -> its root values, until a step takes them (the tracker writes the
+        usual CPU loss here itself; :meth:`trim` bounds it)."""
+        self.recent: dict[int, list[Value] | None] = {}
+        """Backward -> its values, taken already: for another optimizer stepping on the same
+        backward (the tracker's usual step writes here itself; :meth:`trim` bounds it)."""
 
     def note(self, bw: int, tensors: Any) -> None:
-        """Backward ``bw`` starts from ``tensors``; never raises."""
+        """Backward ``bw`` starts from ``tensors``; never raises. (Its usual case, a CPU
+        loss, is inlined in :meth:`Tracker.begin`: a change here goes there too.)"""
         if not self.on:
             return
         try:
-            waiting = self._waiting
             t = tensors
             if (type(t) is _Tensor and t.is_cpu and t.numel() == 1 and t.is_floating_point()
                     and getattr(t, UNSCALED, None) is None):
                 # the usual loss, read here (as :func:`capture` reads it): no frame more
-                waiting[bw] = [t.item()]  # a floating-point tensor's item() is a float
+                self.waiting[bw] = [t.item()]  # a floating-point tensor's item() is a float
             else:
-                waiting[bw] = capture_roots(tensors)
-            if len(waiting) > _KEEP:
-                del waiting[next(iter(waiting))]
+                self.waiting[bw] = capture_roots(tensors)
         except Exception:  # noqa: BLE001 - never raise into the training loop
             self._fail()
 
+    def trim(self) -> None:
+        """Forget the oldest values beyond :data:`_KEEP` waiting (backwards no step took:
+        an accumulation window that long leaves its step's loss unknown) and beyond
+        :data:`_RECENT` taken. The tracker calls it once in many backwards (each adds at
+        most one of each): the usual backward and step pay no check."""
+        for kept, most in ((self.waiting, _KEEP), (self.recent, _RECENT)):
+            while len(kept) > most:
+                del kept[next(iter(kept))]
+
     def take(self, bws: Any) -> list[Value] | None:
         """The values of the roots of backwards ``bws`` (one step's), or None when one of
-        them is unknown or there is none; never raises."""
+        them is unknown or there is none; never raises. (Its usual case, one backward whose
+        value waits, is inlined in :meth:`Tracker._emit_step`: a change here goes there
+        too.)"""
         if not self.on or not bws:
             return None
         try:
-            waiting, recent = self._waiting, self._recent
+            waiting, recent = self.waiting, self.recent
             out: list[Value] = []
             for b in bws:
                 v = waiting.pop(b, _MISSING)
@@ -149,8 +163,6 @@ class Roots:
                     v = recent.get(b, _MISSING)
                 else:
                     recent[b] = v  # type: ignore[assignment]
-                    if len(recent) > _RECENT:
-                        del recent[next(iter(recent))]
                 if v is _MISSING or v is None:
                     return None
                 out.extend(v)  # type: ignore[arg-type]
@@ -161,8 +173,8 @@ class Roots:
 
     def _fail(self) -> None:
         self.on = False
-        self._waiting.clear()
-        self._recent.clear()
+        self.waiting.clear()
+        self.recent.clear()
         log.warning("gradwatch: cannot read the loss passed to backward(); steps record "
                     "no loss from now on", exc_info=True)
 

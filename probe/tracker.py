@@ -43,7 +43,7 @@ from gradwatch.probe.handresets import ArmedBackward
 from gradwatch.probe.holding import Holdings
 from gradwatch.probe.hparams import group_hparams
 from gradwatch.probe.ledger import Ledger
-from gradwatch.probe.losses import Roots, learning_rates
+from gradwatch.probe.losses import UNSCALED, Roots, learning_rates
 from gradwatch.probe.manual import Doors, ManualUpdates
 from gradwatch.probe.names import Namer, positional
 from gradwatch.probe.nocompile import no_compile
@@ -55,6 +55,7 @@ from gradwatch.wire import NAME_MAX_CHARS, OptimizerInfo, clip
 log = logging.getLogger("gradwatch.probe")
 
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+_Tensor = torch.Tensor
 _MAX_HITS = 1_000_000
 """Raw hits kept per optimizer before they are folded (backwards with no step nor reset),
 checked every :data:`_CHECK_EVERY` backwards."""
@@ -269,11 +270,22 @@ class Tracker:
                 unowned.boundary()
             b = self.backwards
             bw = b.begin(self.sites.here("backward"), roots, tensors)
-            self.roots.note(bw, tensors)
+            values = self.roots
+            if values.on:
+                t = tensors
+                try:  # :meth:`Roots.note`'s usual case (a CPU loss, read here), inlined
+                    if (type(t) is _Tensor and t.is_cpu and t.numel() == 1
+                            and t.is_floating_point() and getattr(t, UNSCALED, None) is None):
+                        values.waiting[bw] = [t.item()]
+                    else:
+                        values.note(bw, t)
+                except Exception:  # noqa: BLE001 - note's way: the loss off, the probe on
+                    values.note(bw, t)
             if b.phase_began:
                 for began in self.phase_starts:
                     began()
             if not bw % _CHECK_EVERY:
+                values.trim()
                 for led in self.ledgers.values():
                     led.fold_if_over(_MAX_HITS)
             marker = -bw
@@ -355,7 +367,15 @@ class Tracker:
                     facts.sites.reset = self.sites.hook_site()  # hook meant to make it
             facts.roots = self.roots.take(facts.tally.bws)
         else:  # textbook: one backward, whose marker leads the hooks' list
-            facts.roots = self.roots.take((-facts.hits[0],))
+            values, bw = self.roots, -facts.hits[0]
+            # :meth:`Roots.take`'s usual case (its value waiting), inlined: no frame of its
+            # own in the step's island; any other case through it
+            v = values.waiting.pop(bw, None) if values.on else None
+            if v is not None:
+                values.recent[bw] = v
+                facts.roots = v
+            else:
+                facts.roots = values.take((bw,))
         if opt is not None:
             # :func:`learning_rates`' first case inlined (one group, a float lr: no frame on
             # the usual step); every check is a type test, so nothing here can raise
@@ -402,7 +422,13 @@ class Tracker:
         try:
             led = self.ledgers.get(opt)
             if led is not None and led not in self.shared:  # the usual case
-                led.after_zero_grad(self.sites.here("reset"))
+                # :meth:`Ledger.after_zero_grad`, inlined: no frame of its own in the island
+                site = self.sites.here("reset")
+                if led.norms.began:
+                    led.norms.reset()
+                led.contents.reset_all("optimizer_zero_grad", site)
+                led.backwards.armed.discard(led)
+                led.reset_site = site
                 return
             if not self.by_param:
                 return

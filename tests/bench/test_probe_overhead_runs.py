@@ -1,5 +1,5 @@
-"""The probe benchmark still runs end to end (figures are not judged here: a timed unit
-test would only measure the machine; see README, Benchmarks)."""
+"""The probe benchmarks (its overhead, its islands) still run end to end (figures are not
+judged here: a timed unit test would only measure the machine; see README, Benchmarks)."""
 
 from __future__ import annotations
 
@@ -24,3 +24,18 @@ def test_probe_overhead_prints_every_figure_for_both_models() -> None:
                  "bare reader in place", "the writer's drains",
                  "the writer thread drained during the timed steps of"):
         assert out.count(line) >= 2, line
+
+
+def test_islands_prints_every_segment_for_both_models() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCH.with_name("islands.py")), "--blocks", "2", "--steps", "2"],
+        capture_output=True, text=True, timeout=300, check=True
+    ).stdout
+    for model in ("MLP 784-512-512-10", "200 x Linear(64,64)"):
+        assert f"{model}, batch 64: each segment of a step, us (2 blocks of 2 steps" in out
+    for segment in ("zero_grad", "forward", "backward island", "backward rest",
+                    "step island", "step rest", "islands", "sum of segments"):
+        assert out.count(f"  {segment} ") == 2, segment
+    # one figure per mode on each segment's line, with its standard error
+    line = next(x for x in out.splitlines() if x.startswith("  step island"))
+    assert line.count("+-") == 2

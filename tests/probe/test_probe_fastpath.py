@@ -274,3 +274,29 @@ def test_a_long_run_of_two_optimizers_forgets_old_backwards_only() -> None:
     assert b.leaked(g, [recent]) == [recent]
     assert b.site_of(recent) == 1 + recent % 2
     assert b.leaked(g, [2]) == [] and b.site_of(2) == 0  # forgotten
+
+
+def test_a_step_lets_go_of_its_backwards_graph(tmp_path: Path) -> None:
+    """After the usual step the probe holds nothing of the step's graph: the loss (and the
+    graph's nodes) go when the loop drops them, as unwatched; a missed reset is still
+    caught."""
+    import gc
+    import weakref
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gone = []
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl") as handle:
+        for i in range(4):
+            if i != 2:  # a missed reset at step 2
+                opt.zero_grad()
+            loss = loss_of(model, i)
+            loss.backward()
+            opt.step()
+            graph = weakref.ref(loss)
+            del loss
+            gc.collect()
+            gone.append(graph() is None)
+        kinds = [f.kind for f in handle.findings()]
+    assert gone == [True, True, False, True]  # step 2's is judged: the general way keeps it
+    assert "missed_reset" in kinds

@@ -120,6 +120,27 @@ def test_each_optimizer_gets_the_loss_of_its_own_backward(tmp_path: Path) -> Non
     assert [s.lr for s in _steps(path, "G")] == [[1e-3]] * 3
 
 
+def test_two_optimizers_stepping_on_one_backward_both_record_its_loss(
+        tmp_path: Path) -> None:
+    encoder, head = mlp(1), mlp(2, n_in=2, n_out=1)
+    enc_opt = torch.optim.SGD(encoder.parameters(), lr=0.01)
+    head_opt = torch.optim.Adam(head.parameters(), lr=1e-3)
+    want = []
+    with gradwatch.watch([enc_opt, head_opt], names=["enc", "head"],
+                         log=tmp_path / "a.jsonl"):
+        for _ in range(3):
+            enc_opt.zero_grad()
+            head_opt.zero_grad()
+            loss = head(encoder(torch.randn(8, 4))).pow(2).mean()
+            loss.backward()
+            want.append(loss.item())
+            enc_opt.step()  # the first takes the backward's value ...
+            head_opt.step()  # ... the second finds it among those taken
+    path = tmp_path / "a.jsonl"
+    assert [s.loss for s in _steps(path, "enc")] == _recorded(want)
+    assert [s.loss for s in _steps(path, "head")] == _recorded(want)
+
+
 def test_non_scalar_roots_leave_the_loss_unknown_and_training_goes_on(tmp_path: Path) -> None:
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -136,6 +157,66 @@ def test_non_scalar_roots_leave_the_loss_unknown_and_training_goes_on(tmp_path: 
         assert h.disabled is None
     steps = _steps(tmp_path / "a.jsonl")
     assert [s.loss is None for s in steps] == [True, True, False]
+
+
+def test_a_loss_that_cannot_be_read_turns_the_loss_off_not_the_probe(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl") as handle:
+        opt.zero_grad()
+        loss_of(model, 0).backward()
+        opt.step()
+
+        def unreadable(self: torch.Tensor) -> float:
+            raise RuntimeError("no value here")
+
+        monkeypatch.setattr(torch.Tensor, "item", unreadable)
+        for i in range(1, 3):
+            opt.zero_grad()
+            loss_of(model, i).backward()
+            opt.step()
+        monkeypatch.undo()
+        assert handle.tracker.on and not handle.tracker.roots.on
+    steps = _steps(tmp_path / "a.jsonl")
+    assert len(steps) == 3  # every step still judged and recorded
+    assert steps[0].loss is not None and [s.loss for s in steps[1:]] == [None, None]
+
+
+def test_backwards_no_step_takes_keep_their_losses_bounded(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.ones(1, 2)
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl") as handle:
+        for _ in range(3 * 1024 + 5):  # one accumulation window, far longer than kept
+            model(x).sum().backward()
+        waiting = len(handle.tracker.roots.waiting)
+        opt.step()
+        opt.zero_grad()
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+    assert losses._KEEP <= waiting <= losses._KEEP + 1024
+    steps = _steps(tmp_path / "a.jsonl")
+    assert steps[0].loss is None  # its first backwards' values were forgotten
+    assert steps[1].loss == _recorded([loss.item()])[0]
+
+
+def test_a_long_run_keeps_few_taken_losses_and_records_each(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.ones(1, 2)
+    want = []
+    with gradwatch.watch(opt, log=tmp_path / "a.jsonl") as handle:
+        for _ in range(2 * 1024 + 5):
+            opt.zero_grad()
+            loss = model(x).sum()
+            loss.backward()
+            want.append(loss.item())
+            opt.step()
+        recent = len(handle.tracker.roots.recent)
+    assert recent <= losses._RECENT + 1024
+    assert [s.loss for s in _steps(tmp_path / "a.jsonl")] == _recorded(want)
 
 
 def test_nan_loss_is_data(tmp_path: Path) -> None:
