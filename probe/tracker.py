@@ -333,9 +333,10 @@ class Tracker:
             if self.unhooked and (late := self.unhooked.pop(led, None)):
                 for k in late:
                     self._hook(led, k)
-            # torch passes the step's own args, ``self`` first: (self, closure?)
-            closure = args[1] if len(args) > 1 else kwargs.get("closure")
-            if callable(closure):
+            # torch passes the step's own args, ``self`` first: (self, closure?); the usual
+            # ``opt.step()`` passes nothing else (no lookup then: each C call costs here)
+            closure = args[1] if len(args) > 1 else kwargs.get("closure") if kwargs else None
+            if closure is not None and callable(closure):
                 led.open_closure_step()
                 if led in self.own_hooks and led not in self.post_hooked:
                     # registered now, it still runs after this very step
