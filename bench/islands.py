@@ -202,6 +202,11 @@ def report(name: str, r: dict[str, dict[str, tuple[float, float]]], blocks: int,
         f"{'':9s}" for m in modes))
     print(f"  {'sum of segments':16s} {'':9s}   " + "   ".join(
         f"{totals[m]:+8.1f}{'':9s}" for m in modes))
+    if "skeleton" in r:
+        def isl(m: str) -> float:
+            return sum(r[m][s][0] for s in SEGMENTS if "island" in s or s == "zero_grad")
+        print(f"  the probe's own work in its islands (judging's minus the skeleton's): "
+              f"{isl('judging') - isl('skeleton'):+.1f} us a step")
 
 
 def main() -> None:

@@ -43,6 +43,7 @@ def test_islands_prints_every_segment_for_both_models() -> None:
     assert line.count("+-") == 3
     header = next(x for x in out.splitlines() if x.startswith("  segment"))
     assert header.split()[1:] == ["baseline", "judging", "norms", "skeleton"]
+    assert out.count("the probe's own work in its islands (judging's minus the skeleton's)") == 2
 
 
 def test_the_islands_skeleton_sees_each_call_and_leaves_torch_as_it_was() -> None:
