@@ -20,7 +20,8 @@ each training step is cut into six segments at points that exist in the bare loo
 and each mode's segments are set against the bare loop's in the same block: per block the
 median of each segment over its steps, the mode's minus the baseline's; the median over
 blocks in microseconds, with its standard error (:func:`probe_overhead.median_se`). The
-modes are the bare loop, judging only (``norms_every=0``) and norms every step, in
+modes are the bare loop, judging only (``norms_every=0``), norms every step and the
+probe's *skeleton* (its wrappers and hooks doing nothing: the floor of its shape), in
 interleaved blocks whose order rotates, as in ``probe_overhead.py``; the models are its
 MLP and 200 x Linear(64, 64). A *rest* segment is the island's after-effect on torch's own
 work (caches the probe pushed out), expected near zero.
@@ -41,13 +42,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import gradwatch
+from gradwatch.probe.nocompile import no_compile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from previous import Previous  # noqa: E402 - a module beside this script
@@ -64,9 +66,46 @@ from probe_overhead import (  # noqa: E402 - a module beside this script: the sa
 
 SEGMENTS = ("zero_grad", "forward", "backward island", "backward rest", "step island",
             "step rest")
-MODES = ("baseline", "judging", "norms")
+MODES = ("baseline", "judging", "norms", "skeleton")
+"""``skeleton``: the probe's frame with no work in it (:func:`skeleton`)."""
 PREVIOUS = ("prev_judging", "prev_norms")
 """With ``--previous``: another checkout's judging and norms (:mod:`previous`)."""
+
+
+@contextlib.contextmanager
+def skeleton(opt: torch.optim.Optimizer) -> Iterator[list[Any]]:
+    """The probe's shape doing nothing: the same wrappers of ``Optimizer.zero_grad`` and
+    ``torch.autograd.backward`` (each makes one call), a bound ``list.append`` hook on every
+    parameter and a step pre-hook behind :func:`~gradwatch.probe.nocompile.no_compile` that
+    clears the list. What any probe built this way pays before it does any work. Yields
+    the list."""
+    hits: list[Any] = []
+    zero_grad, backward = torch.optim.Optimizer.zero_grad, torch.autograd.backward
+
+    def wrapped_zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = zero_grad(self, *args, **kwargs)
+        hits.append(None)
+        return out
+
+    def wrapped_backward(*args: Any, **kwargs: Any) -> Any:
+        hits.append(-1)
+        return backward(*args, **kwargs)
+
+    def pre(*_: Any) -> None:
+        hits.clear()
+
+    torch.optim.Optimizer.zero_grad = wrapped_zero_grad  # type: ignore[method-assign]
+    torch.autograd.backward = wrapped_backward
+    handles = [p.register_post_accumulate_grad_hook(hits.append)
+               for group in opt.param_groups for p in group["params"]]
+    handles.append(opt.register_step_pre_hook(no_compile(pre)))
+    try:
+        yield hits
+    finally:
+        torch.optim.Optimizer.zero_grad = zero_grad  # type: ignore[method-assign]
+        torch.autograd.backward = backward
+        for h in handles:
+            h.remove()
 
 
 def islands(name: str, make: Make, blocks: int, steps: int, tmp: Path,
@@ -107,7 +146,9 @@ def islands(name: str, make: Make, blocks: int, steps: int, tmp: Path,
 
     def attach(mode: str, b: int) -> Callable[[], None]:
         stack = contextlib.ExitStack()
-        if mode != "baseline":
+        if mode == "skeleton":
+            stack.enter_context(skeleton(opt))
+        elif mode != "baseline":
             gw = gradwatch
             if mode in PREVIOUS and previous is not None:
                 gw = stack.enter_context(previous.active())
@@ -161,6 +202,11 @@ def report(name: str, r: dict[str, dict[str, tuple[float, float]]], blocks: int,
         f"{'':9s}" for m in modes))
     print(f"  {'sum of segments':16s} {'':9s}   " + "   ".join(
         f"{totals[m]:+8.1f}{'':9s}" for m in modes))
+    if "skeleton" in r:
+        def isl(m: str) -> float:
+            return sum(r[m][s][0] for s in SEGMENTS if "island" in s or s == "zero_grad")
+        print(f"  the probe's own work in its islands (judging's minus the skeleton's): "
+              f"{isl('judging') - isl('skeleton'):+.1f} us a step")
 
 
 def main() -> None:
@@ -168,7 +214,7 @@ def main() -> None:
     ap.add_argument("--model", choices=("both", "mlp", "many"), default="both")
     ap.add_argument("--blocks", type=_positive, default=None,
                     help="interleaved blocks per model (default: 300 for the MLP, 100 for "
-                    "the many-tensor model; about 5 minutes for both)")
+                    "the many-tensor model; about 6 minutes for both)")
     ap.add_argument("--steps", type=_positive, default=10, help="timed steps per block")
     ap.add_argument("--threads", type=_positive, default=1, help="torch intra-op threads")
     ap.add_argument("--previous", type=Path, default=None, metavar="CHECKOUT",

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from itertools import repeat
-from operator import attrgetter, is_
 from typing import Any
 
 import torch
@@ -26,7 +24,6 @@ from gradwatch.probe.handresets import ArmedBackward, HandResets
 from gradwatch.probe.norms import Grads, values
 from gradwatch.probe.shards import GradReader
 
-_removed = attrgetter("removed")
 _new_reset = partial(tuple.__new__, ResetFact)
 """``ResetFact`` from a tuple of all its fields, with no Python frame (its ``__new__`` is
 one): the usual reset makes one per step."""
@@ -259,9 +256,16 @@ class Contributions:
         """
         raw = self.incoming
         if (self.dirty or self.lazy_old or self.hits or len(raw) < 2
-                or self.hand.backwards or any(map(_removed, self.pending))
-                or any(map(is_, grads, repeat(None)))):
+                or self.hand.backwards):
             return None
+        # Plain loops, not ``any(map(...))``: this runs right after torch's backward, where
+        # each C helper's code is cold; the interpreter's own loop is not (bench/islands.py).
+        for reset in self.pending:
+            if reset.removed:
+                return None
+        for g in grads:
+            if g is None:
+                return None
         h0 = raw[0]
         backwards = self.backwards
         if type(h0) is not int or h0 != -backwards.last or not (

@@ -110,11 +110,15 @@ def capture_roots(tensors: Any) -> list[Value] | None:
 class Roots:
     """The root values of recent backwards, by backward number, until a step takes them."""
 
-    __slots__ = ("on", "waiting", "recent")
+    __slots__ = ("on", "scaled", "waiting", "recent")
 
     def __init__(self) -> None:
         self.on = True
         """False after an unexpected error: losses are then unknown, the rest goes on."""
+        self.scaled = False
+        """A ``GradScaler`` scaled a loss while this session was open: a root may carry
+        :data:`UNSCALED` (looked for only then: a tensor's missing attribute costs a
+        raised and caught error at every backward)."""
         self.waiting: dict[int, list[Value] | None] = {}
         """Backward -> its root values, until a step takes them (the tracker writes the
         usual CPU loss here itself; :meth:`trim` bounds it)."""

@@ -85,6 +85,8 @@ def _make_scaler_scale(orig: Any) -> Any:
     def scale(self: Any, outputs: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, outputs, *args, **kwargs)
         if out is not outputs and isinstance(out, torch.Tensor):
+            for t in _active:  # their backward wrapper looks for the tag from now on
+                t.roots.scaled = True
             try:  # the loss as the user made it, before scaling (probe/losses.py)
                 setattr(out, UNSCALED, outputs)
             except Exception:  # noqa: BLE001 - a tensor subclass that refuses attributes

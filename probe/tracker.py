@@ -43,7 +43,7 @@ from gradwatch.probe.handresets import ArmedBackward
 from gradwatch.probe.holding import Holdings
 from gradwatch.probe.hparams import group_hparams
 from gradwatch.probe.ledger import Ledger
-from gradwatch.probe.losses import UNSCALED, Roots, learning_rates
+from gradwatch.probe.losses import Roots, learning_rates
 from gradwatch.probe.manual import Doors, ManualUpdates
 from gradwatch.probe.names import Namer, positional
 from gradwatch.probe.nocompile import no_compile
@@ -261,6 +261,8 @@ class Tracker:
         Armed ledgers (their consumed gradients not cleared by zero_grad) also get their
         ``.grad`` state taken, and lossy ones (a reset threw contributions away) their
         gradients after it: returned for :meth:`end`; None when no ledger is either.
+        Called by the wrapper of ``torch.autograd.backward`` only: the call site is the
+        wrapper's caller.
         """
         if not self.on:
             return None
@@ -269,17 +271,20 @@ class Tracker:
             if unowned.active:  # parameters updated by hand since the last backward: a step
                 unowned.boundary()
             b = self.backwards
-            bw = b.begin(self.sites.here("backward"), roots, tensors)
+            # (called only by the backward wrapper: the walk starts above its frame)
+            bw = b.begin(self.sites.here("backward", 2), roots, tensors)
             values = self.roots
             if values.on:
                 t = tensors
                 try:  # :meth:`Roots.note`'s usual case (a CPU loss, read here), inlined
-                    if (type(t) is _Tensor and t.is_cpu and t.numel() == 1
-                            and t.is_floating_point() and getattr(t, UNSCALED, None) is None):
-                        values.waiting[bw] = [t.item()]
+                    # with the fewest torch calls: ``item()`` itself refuses a tensor of
+                    # several numbers, and gives a float only for a floating-point one
+                    if (type(t) is _Tensor and t.is_cpu and not values.scaled
+                            and type(v := t.item()) is float):
+                        values.waiting[bw] = [v]
                     else:
                         values.note(bw, t)
-                except Exception:  # noqa: BLE001 - note's way: the loss off, the probe on
+                except Exception:  # noqa: BLE001 - note's way (it reads what item refused)
                     values.note(bw, t)
             if b.phase_began:
                 for began in self.phase_starts:
@@ -328,9 +333,10 @@ class Tracker:
             if self.unhooked and (late := self.unhooked.pop(led, None)):
                 for k in late:
                     self._hook(led, k)
-            # torch passes the step's own args, ``self`` first: (self, closure?)
-            closure = args[1] if len(args) > 1 else kwargs.get("closure")
-            if callable(closure):
+            # torch passes the step's own args, ``self`` first: (self, closure?); the usual
+            # ``opt.step()`` passes nothing else (no lookup then: each C call costs here)
+            closure = args[1] if len(args) > 1 else kwargs.get("closure") if kwargs else None
+            if closure is not None and callable(closure):
                 led.open_closure_step()
                 if led in self.own_hooks and led not in self.post_hooked:
                     # registered now, it still runs after this very step
@@ -416,14 +422,15 @@ class Tracker:
     def opt_zero_grad(self, opt: torch.optim.Optimizer) -> None:
         """After ``Optimizer.zero_grad``: every parameter of ``opt`` was reset, also for the
         other ledgers that hold some of them (SAM resets through an optimizer of its own
-        over its base optimizer's parameters)."""
+        over its base optimizer's parameters). Called by the wrapper of ``zero_grad`` only
+        (:mod:`gradwatch.probe.patches`): the call site is the wrapper's caller."""
         if not self.on:
             return
         try:
             led = self.ledgers.get(opt)
             if led is not None and led not in self.shared:  # the usual case
                 # :meth:`Ledger.after_zero_grad`, inlined: no frame of its own in the island
-                site = self.sites.here("reset")
+                site = self.sites.here("reset", 2)  # (above the zero_grad wrapper's frame)
                 if led.norms.began:
                     led.norms.reset()
                 led.contents.reset_all("optimizer_zero_grad", site)
@@ -436,7 +443,7 @@ class Tracker:
             covered.pop(led, None)  # type: ignore[arg-type]
             if led is None and not covered:
                 return
-            site = self.sites.here("reset")
+            site = self.sites.here("reset", 2)
             if led is not None:
                 led.after_zero_grad(site)
             for other, ks in covered.items():
@@ -445,7 +452,8 @@ class Tracker:
             self.fail(e)
 
     def module_zero_grad(self, module: torch.nn.Module) -> None:
-        """After ``Module.zero_grad``: the module's parameters were reset."""
+        """After ``Module.zero_grad``: the module's parameters were reset (called by its
+        wrapper only, as :meth:`opt_zero_grad`)."""
         if not self.on:
             return
         try:
@@ -456,7 +464,7 @@ class Tracker:
             covered = self._covered(module.parameters())
             if not covered:
                 return
-            site = self.sites.here("reset")
+            site = self.sites.here("reset", 2)
             for led, ks in covered.items():
                 led.after_module_zero_grad(ks, site)
         except Exception as e:  # noqa: BLE001

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "probe_overhead.py"
 
 
@@ -38,4 +40,32 @@ def test_islands_prints_every_segment_for_both_models() -> None:
         assert out.count(f"  {segment} ") == 2, segment
     # one figure per mode on each segment's line, with its standard error
     line = next(x for x in out.splitlines() if x.startswith("  step island"))
-    assert line.count("+-") == 2
+    assert line.count("+-") == 3
+    header = next(x for x in out.splitlines() if x.startswith("  segment"))
+    assert header.split()[1:] == ["baseline", "judging", "norms", "skeleton"]
+    assert out.count("the probe's own work in its islands (judging's minus the skeleton's)") == 2
+
+
+def test_the_islands_skeleton_sees_each_call_and_leaves_torch_as_it_was() -> None:
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import islands
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    model = torch.nn.Linear(3, 2)
+    w, b = model.weight, model.bias
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = torch.optim.Optimizer.zero_grad, torch.autograd.backward
+    seen: list[list[object]] = []
+    with islands.skeleton(opt) as hits:
+        opt.register_step_pre_hook(lambda *_: seen.append(list(hits)))  # after its own
+        first = opt.register_step_pre_hook(lambda *_: seen.append(list(hits)))
+        opt._optimizer_step_pre_hooks.move_to_end(first.id, last=False)  # before its own
+        opt.zero_grad()
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    # a reset, a backward's marker, each parameter's hook; cleared by its step pre-hook
+    assert len(seen) == 2 and seen[0][:2] == [None, -1] and seen[1] == []
+    assert sorted(map(id, seen[0][2:])) == sorted([id(w), id(b)])
+    assert (torch.optim.Optimizer.zero_grad, torch.autograd.backward) == before
+    assert not w._post_accumulate_grad_hooks and not b._post_accumulate_grad_hooks

@@ -22,7 +22,8 @@ from gradwatch.wire import Site, Step
 from tests.probe.probe_helpers import loss_of, mlp
 
 # Each bug in a function of its own, on its own optimizer; ``# kind:role`` marks the lines a
-# finding of that kind must name.
+# finding of that kind must name. Both ways to call each of backward (``loss.backward()``,
+# ``torch.autograd.backward(loss)``) and reset (the optimizer's, the module's) are named.
 BUGS = textwrap.dedent('''
     import os
     import torch
@@ -47,12 +48,12 @@ BUGS = textwrap.dedent('''
             opt.zero_grad()  # missed_reset:reset
             for i in range(3):
                 loss = loss_of(m, i)
-                loss.backward()  # missed_reset:backward
+                torch.autograd.backward(loss)  # missed_reset:backward
                 opt.step()  # missed_reset:step
 
     def discarded(m, opt):
         for i in range(8):
-            opt.zero_grad()  # discarded_accumulation:reset
+            m.zero_grad()  # discarded_accumulation:reset
             (loss_of(m, i) / 4).backward()
             if (i + 1) % 4 == 0:
                 opt.step()
