@@ -44,11 +44,13 @@ class Backwards(Generic[L]):
 
     __slots__ = ("last", "phase", "stepped", "_first", "_observed", "armed", "lossy",
                  "_ledgers", "_site_bws", "_site_ids", "roots", "roots_bw", "held",
-                 "phase_began", "_walked", "retained", "through", "single")
+                 "phase_began", "_walked", "retained", "through", "single", "prune_check")
 
     def __init__(self, held: Mapping[Any, Any] | None = None) -> None:
         self.last = 0
         """The number of the last backward (they count from 1)."""
+        self.prune_check = _PRUNE_CHECK
+        """The backward at which what is kept is next checked against :data:`_PRUNE_AT`."""
         self.phase = 0
         self.stepped = False
         """A step ended since the last backward: the next one starts a new phase. Set by
@@ -112,10 +114,12 @@ class Backwards(Generic[L]):
                 self.through.clear()
         else:
             self.phase_began = False
-        # (each backward adds at most one of each: checked every _PRUNE_CHECK backwards)
-        if not bw % _PRUNE_CHECK and (len(self._first) > _PRUNE_AT
-                                      or len(self._site_bws) > _PRUNE_AT):
-            self._prune()
+        # (each backward adds at most one of each: checked every _PRUNE_CHECK backwards,
+        # by a comparison: ``%`` is a C call, costly where this runs, see docs/design.md §2)
+        if bw >= self.prune_check:
+            self.prune_check = bw + _PRUNE_CHECK
+            if len(self._first) > _PRUNE_AT or len(self._site_bws) > _PRUNE_AT:
+                self._prune()
         kept = self.retained
         if kept is not None and self.lossy and kept[0] == bw - 1:
             # a reset lost the last backward's contributions: did it retain the graph this

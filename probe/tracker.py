@@ -82,7 +82,7 @@ class Tracker:
                  "post_hooked", "unhooked", "emit", "norms_every", "namer", "auto",
                  "on_disable", "disabled", "step_count", "_names_taken", "labeler", "labels",
                  "sites", "shared", "unowned", "holdings", "roots", "last_step", "unlabelled",
-                 "phase_starts")
+                 "phase_starts", "check_at")
 
     def __init__(self, emit: Emit, *, norms_every: int = 1, namer: Namer | None = None,
                  auto: bool = False, on_disable: Callable[[str], None] | None = None,
@@ -94,6 +94,9 @@ class Tracker:
         self.ledgers: dict[torch.optim.Optimizer, Ledger] = {}
         self.marks: list[Callable[[int], None]] = []
         """Each ledger's ``incoming.append``: where a backward's marker goes."""
+        self.check_at = _CHECK_EVERY
+        """The backward at which losses and hits kept are next trimmed (every
+        :data:`_CHECK_EVERY`)."""
         self.phase_starts: list[Callable[[], None]] = []
         """Each ledger's :attr:`~Ledger.on_phase`: what a phase's first backward calls."""
         self.shared: set[Ledger] = set()
@@ -289,7 +292,8 @@ class Tracker:
             if b.phase_began:
                 for began in self.phase_starts:
                     began()
-            if not bw % _CHECK_EVERY:
+            if bw >= self.check_at:  # (a comparison: ``%`` is a C call, costly here)
+                self.check_at = bw + _CHECK_EVERY
                 values.trim()
                 for led in self.ledgers.values():
                     led.fold_if_over(_MAX_HITS)
