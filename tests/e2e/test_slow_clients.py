@@ -6,16 +6,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import synth
-from live import LiveCollector, Pinger, stuck_client
+from live import LiveCollector, Pinger, live_bytes, stuck_client, wide_records
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from gradwatch.steplog import StepLogWriter
 from gradwatch.stream import Streamer
-from gradwatch.wire import Step
 from tests.serverproc import ServerProc
 
 
@@ -25,8 +23,8 @@ def test_clients_that_never_read_do_not_freeze_the_server(tmp_path: Path) -> Non
     # buffers for a socket (4 MiB here): a client that does not read blocks its socket
     # midway.
     stored, n, crowd = 200, 5_000, 30
-    recs = _records("crowd", stored + n, groups=64)
-    assert len(_live_row(recs[-2])) * n > 6 << 20
+    recs = wide_records("crowd", stored + n, groups=64)
+    assert live_bytes(recs) > 6 << 20
     head = stored + 2  # header, optimizer, the stored steps
     with ServerProc(tmp_path / "data", None, "--max-live-clients", str(crowd + 1),
                     "--send-timeout", "3") as srv:
@@ -70,26 +68,6 @@ def test_clients_that_never_read_do_not_freeze_the_server(tmp_path: Path) -> Non
         assert "live client too slow" in srv.log.read_text()
         for sock in stuck:
             sock.close()
-
-
-def _records(run: str, steps: int, groups: int) -> list[Any]:
-    """A whole stream of ``steps`` steps of an optimizer with ``groups`` param groups (one
-    parameter each), each step carrying every group's learning rate."""
-    head, opt, end = synth.records(run, steps=0)
-    opt = opt.model_copy(update={"params": [f"layers.{g}.weight" for g in range(groups)],
-                                 "shapes": [[4]] * groups, "groups": list(range(groups))})
-    lr = [1e-3 * 0.9 ** g + 1e-9 for g in range(groups)]  # full-precision floats
-    out: list[Any] = [head, opt]
-    for i in range(steps):
-        out.append(synth.step(len(out), i, nparams=groups).model_copy(update={"lr": lr}))
-    return [*out, end.model_copy(update={"seq": len(out), "steps": steps,
-                                         "t": 1000.0 + 0.01 * (steps + 2)})]
-
-
-def _live_row(step: Step) -> str:
-    """A step's row as a live frame carries it (its columns' JSON, roughly)."""
-    return json.dumps([step.step, step.t, step.norm, step.fresh_norm, step.drift, step.opt,
-                       step.lr, [{"how": r.how, "n": len(r.params)} for r in step.resets]])
 
 
 def _runs_frame(url: str) -> bool:
