@@ -1,13 +1,18 @@
-"""Fixtures for every test folder: a throwaway PostgreSQL cluster per test process."""
+"""Fixtures for every test folder: a throwaway PostgreSQL cluster per test process; the
+sharded launches that tests in two folders read."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.pgcluster import Cluster, pg_bin
+
+if TYPE_CHECKING:  # the launches import torch's test helpers: only when a test asks
+    from tests.probe.sharded_launch import Launches
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +32,13 @@ def pg_cluster(pg_installed: None) -> Iterator[Cluster]:
     c = Cluster()
     yield c
     c.stop()
+
+
+@pytest.fixture(scope="session")
+def sharded_launches(tmp_path_factory: pytest.TempPathFactory) -> Launches:
+    """The two torchrun launches of the sharded scenarios (``tests/probe/sharded_launch.py``),
+    made once for the tests of ``tests/probe/test_sharded.py`` and
+    ``tests/e2e/test_sharded_server.py`` (one xdist_group: one worker makes them)."""
+    from tests.probe.sharded_launch import launch_both
+
+    return launch_both(tmp_path_factory.mktemp("sharded"))

@@ -11,7 +11,10 @@ import time
 import urllib.request
 from typing import Any
 
+import synth
 from websockets.sync.client import connect
+
+from gradwatch.wire import Step
 
 
 class LiveCollector(threading.Thread):
@@ -57,6 +60,29 @@ class LiveCollector(threading.Thread):
             time.sleep(0.05)
         self._halt.set()
         self.join(5)
+
+
+def wide_records(run: str, steps: int, groups: int) -> list[Any]:
+    """A whole stream of ``steps`` steps of an optimizer with ``groups`` param groups (one
+    parameter each), each step carrying every group's learning rate: big live rows, so
+    that a few thousand steps fill a socket's buffers."""
+    head, opt, end = synth.records(run, steps=0)
+    opt = opt.model_copy(update={"params": [f"layers.{g}.weight" for g in range(groups)],
+                                 "shapes": [[4]] * groups, "groups": list(range(groups))})
+    lr = [1e-3 * 0.9 ** g + 1e-9 for g in range(groups)]  # full-precision floats
+    out: list[Any] = [head, opt]
+    for i in range(steps):
+        out.append(synth.step(len(out), i, nparams=groups).model_copy(update={"lr": lr}))
+    return [*out, end.model_copy(update={"seq": len(out), "steps": steps,
+                                         "t": 1000.0 + 0.01 * (steps + 2)})]
+
+
+def live_bytes(recs: list[Any]) -> int:
+    """About how many bytes the steps of ``recs`` make in live frames (each row's columns
+    as JSON)."""
+    return sum(len(json.dumps([s.step, s.t, s.norm, s.fresh_norm, s.drift, s.opt, s.lr,
+                               [{"how": r.how, "n": len(r.params)} for r in s.resets]]))
+               for s in recs if isinstance(s, Step))
 
 
 def stuck_client(port: int, path: str) -> socket.socket:

@@ -1,24 +1,22 @@
 """FSDP2 and tensor parallel through the real command line into a real server: two gloo ranks
 of ``torchrun -m gradwatch run --server ...`` stream into one run, and the server's step rows
 carry the model's gradient norms (the script's own norms of the gathered full gradients) by
-default and each rank's shard norms with ``norms=rank``."""
+default and each rank's shard norms with ``norms=rank``. The launch is the one
+``tests/probe/test_sharded.py`` judges (``tests/probe/sharded_launch.py``)."""
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.probe import sharded_loops
+from tests.probe.sharded_launch import Launches
 from tests.probe.sharded_loops import STEPS, scenarios
-from tests.probe.test_probe_cli import _free_port
-from tests.probe.test_torchrun import _env
-from tests.serverproc import ServerProc
 
-RUN = "fsdp-tp-live"
+# The launch (tests/probe/sharded_launch.py) is the one tests/probe/test_sharded.py reads:
+# one worker makes it, once, for both.
+pytestmark = pytest.mark.xdist_group("sharded")
 
 
 def _by_step(ss: dict[str, Any], rank: int, opt: str) -> dict[int, Any]:
@@ -26,23 +24,13 @@ def _by_step(ss: dict[str, Any], rank: int, opt: str) -> dict[int, Any]:
                                        strict=True) if r == rank and o == opt}
 
 
-def test_a_sharded_launch_shows_the_models_norms(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
-    with ServerProc(tmp_path / "data") as srv:
-        cmd = ["torchrun", "--nproc_per_node", "2", "--master-port", str(_free_port()),
-               "-m", "gradwatch", "run", "--server", srv.ws, "--step-log", "run.jsonl", "--",
-               str(Path(sharded_loops.__file__)), str(out)]
-        r = subprocess.run(cmd, cwd=out, env={**_env(), "GRADWATCH_RUN_ID": RUN},
-                           capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-        run = srv.get(f"/api/runs/{RUN}")
-        assert run["ranks"] == [0, 1] and run["status"] == "finished"
-        # in the order the script made them (the k-th optimizer is the k-th scenario)
-        opts = sorted((o["opt"] for o in run["optimizers"] if o["rank"] == 0),
-                      key=lambda o: int(o.rpartition("#")[2]))
-        model = srv.get(f"/api/runs/{RUN}/steps")
-        own = srv.get(f"/api/runs/{RUN}/steps?norms=rank")
+def test_a_sharded_launch_shows_the_models_norms(sharded_launches: Launches) -> None:
+    out = sharded_launches.probe
+    run, model, own = sharded_launches.run, sharded_launches.model, sharded_launches.own
+    assert run["ranks"] == [0, 1] and run["status"] == "finished"
+    # in the order the script made them (the k-th optimizer is the k-th scenario)
+    opts = sorted((o["opt"] for o in run["optimizers"] if o["rank"] == 0),
+                  key=lambda o: int(o.rpartition("#")[2]))
     ref = [torch.load(out / f"rank{k}.pt", weights_only=False)["results"] for k in (0, 1)]
     checked = 0
     for (mode, sc), opt in zip(scenarios(), opts, strict=True):

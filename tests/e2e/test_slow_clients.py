@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import synth
-from live import LiveCollector, Pinger, stuck_client
+from live import LiveCollector, Pinger, live_bytes, stuck_client, wide_records
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -18,10 +18,13 @@ from tests.serverproc import ServerProc
 
 
 def test_clients_that_never_read_do_not_freeze_the_server(tmp_path: Path) -> None:
-    # 60,000 steps make ~7 MB of live frames, more than the kernel buffers for a socket
-    # (4 MiB here): a client that does not read blocks its socket midway.
-    stored, n, crowd = 1_000, 60_000, 30
-    recs = synth.records("crowd", steps=stored + n)
+    # A live row carries each param group's learning rate: 64 groups (layer-wise rates)
+    # make ~1.5 KB a row, so 5,000 steps make ~7 MB of live frames, more than the kernel
+    # buffers for a socket (4 MiB here): a client that does not read blocks its socket
+    # midway.
+    stored, n, crowd = 200, 5_000, 30
+    recs = wide_records("crowd", stored + n, groups=64)
+    assert live_bytes(recs) > 6 << 20
     head = stored + 2  # header, optimizer, the stored steps
     with ServerProc(tmp_path / "data", None, "--max-live-clients", str(crowd + 1),
                     "--send-timeout", "3") as srv:
@@ -29,8 +32,9 @@ def test_clients_that_never_read_do_not_freeze_the_server(tmp_path: Path) -> Non
         with StepLogWriter(spool) as w:
             for r in recs[:head]:
                 w.write(r)
-        # Small batches, as a probe flushing every step sends: many live frames.
-        s = Streamer(srv.ws, spool, "crowd", max_records=50)
+        # Small batches, as a probe flushing every step sends: many live frames (more than
+        # a client's queue of 256 holds).
+        s = Streamer(srv.ws, spool, "crowd", max_records=10)
         s.start()
         deadline = time.monotonic() + 60
         while s.stats()["acked_seq"] < head - 1:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live import LiveCollector, stuck_client
+from live import LiveCollector, live_bytes, stuck_client, wide_records
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -169,13 +169,15 @@ def test_token_and_origin_on_a_real_server(tmp_path: Path, monkeypatch: Any) -> 
 
 
 def test_a_stuck_live_client_never_stalls_ingest_or_other_clients(tmp_path: Path) -> None:
-    import synth
 
     from gradwatch.steplog import StepLogWriter
     from gradwatch.stream import Streamer
 
-    n = 50_000  # ~6 MB of live frames: more than the kernel buffers of a socket hold
-    recs = synth.records("stuck", steps=n)
+    # ~7 MB of live frames (64 param groups' rates a row): more than the kernel buffers of
+    # a socket hold
+    n = 5_000
+    recs = wide_records("stuck", n, groups=64)
+    assert live_bytes(recs) > 6 << 20
     with ServerProc(tmp_path / "data", None, "--send-timeout", "1") as srv:
         spool = tmp_path / "spool.jsonl"
         with StepLogWriter(spool) as w:

@@ -1,7 +1,8 @@
 """FSDP2 (``fully_shard``), DTensor tensor parallel and DDP through the real command line: two
-gloo ranks on CPU, ``torchrun -m gradwatch run --step-log run.jsonl -- sharded_loops.py``,
-then ``gradwatch check run.rank*.jsonl``. The scenarios (``tests/probe/sharded_loops.py``)
-run in one launch; the same launch without the probe is the differential test's other side.
+gloo ranks on CPU, ``torchrun -m gradwatch run --step-log run.jsonl -- sharded_loops.py``
+(streaming to a server too: ``tests/probe/sharded_launch.py``), then ``gradwatch check
+run.rank*.jsonl``. The scenarios (``tests/probe/sharded_loops.py``) run in one launch; the
+same launch without the probe is the differential test's other side.
 """
 
 from __future__ import annotations
@@ -18,37 +19,19 @@ from gradwatch.shardnorms import ModelNorms
 from gradwatch.steplog import read_log
 from gradwatch.verdict import verdict_of_logs
 from gradwatch.wire import OptimizerInfo, Step
-from tests.probe import sharded_loops
+from tests.probe.sharded_launch import Launches
 from tests.probe.sharded_loops import STEPS, Scenario, scenarios
-from tests.probe.test_probe_cli import _free_port
 from tests.probe.test_torchrun import _env
 
-SCRIPT = Path(sharded_loops.__file__)
 RANKS = (0, 1)
-# The two launches take about a minute: one worker makes them, once, for every test here
-# (session scope: a module fixture is made again when the worker's order interleaves).
+# The launches (tests/probe/sharded_launch.py) take about a minute: one worker makes them,
+# once, for every test here and tests/e2e/test_sharded_server.py.
 pytestmark = pytest.mark.xdist_group("sharded")
 
 
-def _launch(out: Path, probe: bool) -> subprocess.CompletedProcess[str]:
-    out.mkdir()
-    run = ["-m", "gradwatch", "run", "--step-log", "run.jsonl", "--"] if probe else []
-    cmd = ["torchrun", "--nproc_per_node", "2", "--master-port", str(_free_port()), *run,
-           str(SCRIPT), str(out)]
-    return subprocess.run(cmd, cwd=out, env=_env(), capture_output=True, text=True,
-                          timeout=600)
-
-
-@pytest.fixture(scope="session")
-def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("sharded")
-    out = {}
-    for side, probe in (("probe", True), ("plain", False)):
-        r = _launch(base / side, probe)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-        assert "SIGSEGV" not in r.stderr and "turned itself off" not in r.stderr
-        out[side] = base / side
-    return out
+@pytest.fixture
+def launches(sharded_launches: Launches) -> dict[str, Path]:
+    return {"probe": sharded_launches.probe, "plain": sharded_launches.plain}
 
 
 def _expected(sc: Scenario, rank: int) -> list[tuple[str, int]]:

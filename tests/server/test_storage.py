@@ -11,6 +11,8 @@ import synth
 
 from gradwatch.frames import StepSeries, frame_json
 from gradwatch.server.batch import batch_of
+from gradwatch.server.db import CHUNK
+from gradwatch.server.downsampling import bucket_size
 from gradwatch.server.errors import InvalidStream, RunLimitReached
 from gradwatch.server.reader import Reader
 from gradwatch.server.storage import Store
@@ -130,14 +132,17 @@ def test_nan_and_none_norms_survive(store: Store, where: Where) -> None:
 
 
 def test_million_step_style_query_uses_chunk_summaries(store: Store, where: Where) -> None:
-    n = 60_000
+    # 20 steps a point, as a million steps on a wide chart: buckets of whole chunks (128
+    # steps), read off their summaries.
+    n, points = 12_000, 600
+    assert bucket_size(0, n - 1, points, align=CHUNK) == 2 * CHUNK
     recs = synth.records(steps=n, end=False)
-    recs[2 + 41_234] = recs[2 + 41_234].model_copy(update={"norm": 99.0})
-    recs[2 + 7_777] = recs[2 + 7_777].model_copy(update={"norm": -5.0})
+    recs[2 + 8_234] = recs[2 + 8_234].model_copy(update={"norm": 99.0})
+    recs[2 + 1_777] = recs[2 + 1_777].model_copy(update={"norm": -5.0})
     feed(store, recs, size=5000)
-    s = steps(Reader(where), max_points=4000)
-    assert s.downsampled and s.total == n and len(s.step) <= 4000
-    assert 41_234 in s.step and 7_777 in s.step and s.step == sorted(s.step)
+    s = steps(Reader(where), max_points=points)
+    assert s.downsampled and s.total == n and len(s.step) <= points
+    assert 8_234 in s.step and 1_777 in s.step and s.step == sorted(s.step)
     assert (s.step[0], s.step[-1]) == (0, n - 1)  # the chart spans the whole run
     check_extremes(s, {i: recs[2 + i].norm for i in range(n)})
 
