@@ -197,16 +197,15 @@ def report(name: str, r: dict[str, dict[str, tuple[float, float]]], blocks: int,
             totals[m] += v
             cells.append(f"{v:+8.1f} +- {_se_text(se, 1):>5s}")
         print(f"  {s:16s} {r['baseline'][s][0]:9.1f}   " + "   ".join(cells))
+    def isl(m: str) -> float:  # (zero_grad's island is at its end: the whole call)
+        return sum(r[m][s][0] for s in SEGMENTS if "island" in s or s == "zero_grad")
+
     print(f"  {'islands':16s} {'':9s}   " + "   ".join(
-        f"{sum(r[m][s][0] for s in SEGMENTS if 'island' in s or s == 'zero_grad'):+8.1f}"
-        f"{'':9s}" for m in modes))
+        f"{isl(m):+8.1f}{'':9s}" for m in modes))
     print(f"  {'sum of segments':16s} {'':9s}   " + "   ".join(
         f"{totals[m]:+8.1f}{'':9s}" for m in modes))
-    if "skeleton" in r:
-        def isl(m: str) -> float:
-            return sum(r[m][s][0] for s in SEGMENTS if "island" in s or s == "zero_grad")
-        print(f"  the probe's own work in its islands (judging's minus the skeleton's): "
-              f"{isl('judging') - isl('skeleton'):+.1f} us a step")
+    print(f"  the probe's own work in its islands (judging's minus the skeleton's): "
+          f"{isl('judging') - isl('skeleton'):+.1f} us a step")
 
 
 def main() -> None:

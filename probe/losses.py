@@ -128,7 +128,9 @@ class Roots:
 
     def note(self, bw: int, tensors: Any) -> None:
         """Backward ``bw`` starts from ``tensors``; never raises. (Its usual case, a CPU
-        loss, is inlined in :meth:`Tracker.begin`: a change here goes there too.)"""
+        loss, is read first in :meth:`Tracker.begin` with fewer torch calls, leaning on
+        :attr:`scaled` and on ``item()``'s own checks; whatever that read refuses comes here,
+        so this keeps every check: a change of rule goes there too.)"""
         if not self.on:
             return
         try:
