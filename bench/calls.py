@@ -32,10 +32,15 @@ from typing import Any
 import torch
 
 import gradwatch
+import gradwatch.probe.api  # noqa: F401 - ``run``'s session: gradwatch.probe.api.WatchHandle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from previous import Previous  # noqa: E402 - a module beside this script
 from probe_overhead import PHASES, Make, _many, _mlp, _setup  # noqa: E402 - the same loop
+
+MODES = (("judging", 0, False), ("norms", 1, False), ("run", 0, True))
+"""``(name, norms_every, gradwatch run's session)``: ``run`` is judging only as ``gradwatch
+run`` attaches (global step hooks), where ``judging`` and ``norms`` are ``watch(opt)``'s."""
 
 
 class Counts:
@@ -90,10 +95,16 @@ def count(make: Make, watch: Callable[[torch.optim.Optimizer], Any] | None, step
     return counts
 
 
-def _watcher(gw: Any, stem: Path, every: int) -> Callable[[torch.optim.Optimizer], Any]:
-    """``gw.watch`` (this release's or the previous one's) with its own step log."""
+def _watcher(gw: Any, stem: Path, every: int, run: bool
+             ) -> Callable[[torch.optim.Optimizer], Any]:
+    """``gw.watch`` (this release's or the previous one's) with its own step log; with
+    ``run``, ``gradwatch run``'s session instead (no optimizer given: it attaches to each
+    optimizer that steps, through torch's global step hooks)."""
     def watch(opt: torch.optim.Optimizer) -> Any:
-        return gw.watch(opt, log=stem.with_suffix(".jsonl"), norms_every=every)
+        log = stem.with_suffix(".jsonl")
+        if run:
+            return gw.probe.api.WatchHandle([], auto=True, log=log, norms_every=every)
+        return gw.watch(opt, log=log, norms_every=every)
 
     return watch
 
@@ -120,10 +131,10 @@ def main() -> None:
         for mname, make in (("MLP", _mlp), ("many-tensor", _many)):
             bare = count(make, None, args.steps, args.warm)
             for rel, active in releases:
-                for mode, every in (("judging", 0), ("norms", 1)):
+                for mode, every, run in MODES:
                     with active() as g:
                         c = count(make, _watcher(gradwatch if g is None else g,
-                                                 tmp / f"{mname}-{rel}-{mode}", every),
+                                                 tmp / f"{mname}-{rel}-{mode}", every, run),
                                   args.steps, args.warm)
                     py = [(a - b) / args.steps for a, b in zip(c.py, bare.py, strict=True)]
                     cc = [(a - b) / args.steps for a, b in zip(c.c, bare.c, strict=True)]

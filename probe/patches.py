@@ -8,8 +8,9 @@ parameters added later (progressive unfreezing) are tracked. ``torch.autograd.ba
 (which ``Tensor.backward`` calls) is wrapped to mark where each backward pass starts, once
 per backward instead of a check in every parameter's hook, and on sampled backwards to walk
 their graphs (:mod:`gradwatch.probe.reach`). In ``gradwatch run`` mode
-``Optimizer.__init__`` is wrapped too, to attach to each optimizer the script creates. The
-last session to close restores the originals.
+``Optimizer.__init__`` is wrapped too, to attach to each optimizer the script creates, and
+each session hooks every optimizer's steps (torch's global step hooks). The last session to
+close restores the originals.
 
 Thread: training (the wrappers run where the user calls them; registering is locked).
 """
@@ -173,22 +174,11 @@ def _make_opt_init(orig: Any) -> Any:
     return __init__
 
 
-def _global_pre(opt: Any, args: Any, kwargs: Any) -> Any:
-    result = None
-    for t in _auto:
-        r = t.pre(opt, args if result is None else result[0],
-                  kwargs if result is None else result[1])
-        if r is not None:
-            result = r
-    return result
-
-
-def _global_post(opt: Any, args: Any, kwargs: Any) -> None:
-    for t in _auto:
-        t.post(opt, args, kwargs)
-
-
-_global_handles: list[Any] = []
+_global_handles: dict[Tracker, list[Any]] = {}
+"""Per ``gradwatch run`` session: its global step pre-hook, then its post-hook once it has
+seen a closure step (:func:`need_post`). A session's own hooks, not one shared hook that
+loops over the sessions: torch chains the pre-hooks' ``(args, kwargs)`` itself, and the
+usual step, with no closure, then runs one hook and no post-hook at all."""
 
 
 def _install() -> None:
@@ -203,17 +193,26 @@ def _install() -> None:
 
 
 def _install_auto() -> None:
-    from torch.optim.optimizer import (
-        register_optimizer_step_post_hook,
-        register_optimizer_step_pre_hook,
-    )
-
     _wrap(torch.optim.Optimizer, "__init__", _make_opt_init)
-    # compile traces into step hooks unless they are excluded
-    _global_handles.append(register_optimizer_step_pre_hook(
-        no_compile(_global_pre)))
-    _global_handles.append(register_optimizer_step_post_hook(
-        no_compile(_global_post)))
+
+
+def _hook_steps(tracker: Tracker) -> None:
+    """Every optimizer's steps call ``tracker.pre`` (torch.compile must not trace into it)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    _global_handles[tracker] = [register_optimizer_step_pre_hook(no_compile(tracker.pre))]
+
+
+def need_post(tracker: Tracker) -> None:
+    """A ``gradwatch run`` session met a closure step (in its pre-hook): give it a global
+    step post-hook, which runs after that very step (torch reads the post-hooks once the
+    step returns), to hand the step's facts over. Once per session; nothing for others."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    with _lock:
+        handles = _global_handles.get(tracker)
+        if handles is not None and len(handles) == 1:
+            handles.append(register_optimizer_step_post_hook(no_compile(tracker.post)))
 
 
 def _restore(which: Callable[[Any, str], bool]) -> None:
@@ -238,6 +237,7 @@ def register(tracker: Tracker, auto: bool = False) -> None:
             if not _auto:
                 _install_auto()
             _auto = (*_auto, tracker)
+            _hook_steps(tracker)
 
 
 def unregister(tracker: Tracker) -> None:
@@ -246,10 +246,9 @@ def unregister(tracker: Tracker) -> None:
     with _lock:
         if tracker in _auto:
             _auto = tuple(t for t in _auto if t is not tracker)
+            for h in _global_handles.pop(tracker, ()):
+                h.remove()
             if not _auto:
-                for h in _global_handles:
-                    h.remove()
-                _global_handles.clear()
                 _restore(lambda owner, attr: attr == "__init__")
         if tracker in _active:
             _active = tuple(t for t in _active if t is not tracker)

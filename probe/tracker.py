@@ -37,6 +37,7 @@ import torch
 from pydantic import BaseModel
 from torch.utils.hooks import RemovableHandle
 
+from gradwatch.probe import patches
 from gradwatch.probe.backwards import Backwards
 from gradwatch.probe.facts import JudgedStep, StepCount, StepFacts
 from gradwatch.probe.handresets import ArmedBackward
@@ -342,10 +343,12 @@ class Tracker:
             closure = args[1] if len(args) > 1 else kwargs.get("closure") if kwargs else None
             if closure is not None and callable(closure):
                 led.open_closure_step()
-                if led in self.own_hooks and led not in self.post_hooked:
-                    # registered now, it still runs after this very step
+                if led not in self.post_hooked:  # registered now, it runs after this step
                     self.post_hooked.add(led)
-                    self.handles.append(opt.register_step_post_hook(no_compile(self.post)))
+                    if led in self.own_hooks:
+                        self.handles.append(opt.register_step_post_hook(no_compile(self.post)))
+                    else:  # ``gradwatch run``'s: the session's global post-hook
+                        patches.need_post(self)
                 wrapped = self._wrap_closure(led, closure)
                 if len(args) > 1:
                     return (args[0], wrapped, *args[2:]), kwargs

@@ -1,4 +1,4 @@
-"""The probe benchmarks (its overhead, its islands) still run end to end (figures are not
+"""The probe benchmarks (its overhead, its islands, its calls) still run end to end (figures are not
 judged here: a timed unit test would only measure the machine; see README, Benchmarks)."""
 
 from __future__ import annotations
@@ -26,6 +26,20 @@ def test_probe_overhead_prints_every_figure_for_both_models() -> None:
                  "bare reader in place", "the writer's drains",
                  "the writer thread drained during the timed steps of"):
         assert out.count(line) >= 2, line
+
+
+def test_calls_prints_each_mode_for_both_models_and_run_hooks_like_watch() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCH.with_name("calls.py")), "--steps", "4", "--warm", "4"],
+        capture_output=True, text=True, timeout=300, check=True
+    ).stdout
+    rows = {tuple(x.split()[:3]): x.split()[3:6] for x in out.splitlines()[1:]}
+    for model in ("MLP", "many-tensor"):
+        for mode in ("judging", "norms", "run"):
+            assert (model, mode, "this") in rows, (model, mode)
+        # (counts, not times: the same on any machine) ``gradwatch run``'s session makes
+        # the calls ``watch(opt)`` makes: its step hooks are its own, not a shared loop
+        assert rows[(model, "run", "this")] == rows[(model, "judging", "this")], model
 
 
 def test_islands_prints_every_segment_for_both_models() -> None:

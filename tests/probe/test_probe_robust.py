@@ -267,3 +267,55 @@ def test_backwards_without_a_step_are_folded_not_kept_raw(
         opt.step()
     steps = [r for r in read_log(path).records if isinstance(r, Step)]
     assert [(s.backwards, s.consumed, s.stale) for s in steps] == [(1, 4, 0)]
+
+
+def test_run_sessions_judge_closure_steps_with_their_own_step_hooks(tmp_path: Path) -> None:
+    """``gradwatch run``'s sessions hook every optimizer's steps globally, each its own: a
+    closure step (LBFGS) is judged through a post-hook the session adds at its first one;
+    closing one session leaves the other judging; the last restores torch."""
+    from torch.optim import optimizer as optmod
+
+    from gradwatch.probe.api import WatchHandle
+    m, opt = _opt()
+    before = _hook_state(m, opt)
+    lbfgs = torch.optim.LBFGS(m.parameters(), lr=0.1, max_iter=3)
+
+    def closure() -> torch.Tensor:
+        lbfgs.zero_grad()
+        loss = loss_of(m, 0)
+        loss.backward()
+        return loss
+
+    def plain(i: int) -> None:
+        opt.zero_grad()
+        loss_of(m, i).backward()
+        opt.step()
+
+    a = WatchHandle([], auto=True, log=tmp_path / "a.jsonl")
+    b = WatchHandle([], auto=True, log=tmp_path / "b.jsonl")
+    plain(0)  # the usual step: a pre-hook per session, no post-hook
+    assert len(optmod._global_optimizer_pre_hooks) == before[7] + 2
+    assert len(optmod._global_optimizer_post_hooks) == before[8]
+    lbfgs.step(closure)
+    assert len(optmod._global_optimizer_post_hooks) == before[8] + 2
+    a.close()
+    lbfgs.step(closure)
+    plain(1)
+    b.close()
+    assert _hook_state(m, opt) == before
+
+    def steps(name: str) -> dict[str, list[Step]]:
+        out: dict[str, list[Step]] = {}
+        for r in read_log(tmp_path / name).records:
+            if isinstance(r, Step):
+                out.setdefault(r.opt, []).append(r)
+        return out
+
+    seen_a, seen_b = steps("a.jsonl"), steps("b.jsonl")
+    closing_a = [s for ss in seen_a.values() for s in ss if s.closure_evals]
+    closing_b = [s for ss in seen_b.values() for s in ss if s.closure_evals]
+    assert len(closing_a) == 1 and len(closing_b) == 2  # each closure step judged, once
+    assert all(s.closure_evals >= 1 and s.consumed == 4 * s.closure_evals
+               for s in closing_a + closing_b)
+    assert sum(len(ss) for ss in seen_a.values()) == 2  # plain(0) and one LBFGS step
+    assert sum(len(ss) for ss in seen_b.values()) == 4
