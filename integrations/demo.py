@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gradwatch.cliargs import CommandParser, summary
+from gradwatch.replay import dashboard_url
 
 log = logging.getLogger("gradwatch.demo")
 
@@ -123,6 +124,8 @@ def train(server: str | None, steps_per_phase: int, pace: float, log_path: Path 
 
     handle = gradwatch.watch(opt, model=model, server=server, log=log_path,
                              run_name=run_name)
+    if server is not None:  # the run's own page: its charts live, no run to pick first
+        print(f"demo: this run, live: {dashboard_url(server, handle.run_id)}", flush=True)
     try:
         for phase in PHASES:
             print(f"demo: phase '{phase}' ({steps_per_phase} steps)", flush=True)
@@ -203,8 +206,8 @@ def main(argv: Sequence[str]) -> int:
                   f" ({f['steps']} steps): {f['message']}", flush=True)
         if args.once:
             return 0
-        print(f"\ndemo: training done; the dashboard stays up at {url}/ — Ctrl-C to stop.",
-              flush=True)
+        print(f"\ndemo: training done; the dashboard stays up at {url}/ (this run: "
+              f"{dashboard_url(url, run_id)}) — Ctrl-C to stop.", flush=True)
         while proc.poll() is None:
             time.sleep(0.5)
         return proc.returncode or 0

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from gradwatch.probe.sites import OUR_USERS
 from gradwatch.probe.watchargs import unwrap
 from gradwatch.wire import unnamed_param
 
@@ -95,10 +96,13 @@ user's names for it."""
 
 def _user_frames(start: types.FrameType | None,
                  skip: tuple[str, ...] = _SKIP_PREFIXES) -> Iterator[types.FrameType]:
-    """Frames from ``start`` outwards, without gradwatch's and torch's own (and ``skip``'s)."""
+    """Frames from ``start`` outwards, without gradwatch's and torch's own (and ``skip``'s);
+    gradwatch's own training code (the demo's loop, :data:`~gradwatch.probe.sites.OUR_USERS`)
+    is the user's."""
     f = start
     while f is not None:
-        if not str(f.f_globals.get("__name__", "")).startswith(skip):
+        name = str(f.f_globals.get("__name__", ""))
+        if not name.startswith(skip) or name in OUR_USERS:
             yield f
         f = f.f_back
 

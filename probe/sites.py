@@ -32,8 +32,9 @@ from gradwatch.wire import Site
 
 _USER, _SKIP, _FRAMEWORK = 0, 1, 2
 _SKIPPED = frozenset({"torch", "gradwatch", "functorch"})
-_OUR_USERS = frozenset({"gradwatch.integrations.demo"})
-"""gradwatch modules that are training code, not the probe: the demo's loop is its user's."""
+OUR_USERS = frozenset({"gradwatch.integrations.demo"})
+"""gradwatch modules that are training code, not the probe: the demo's loop is its user's
+(its lines are named, and its variables name optimizers: :mod:`gradwatch.probe.names`)."""
 FRAMEWORKS = frozenset({"lightning", "pytorch_lightning", "lightning_fabric", "transformers",
                         "accelerate", "deepspeed"})
 """Top-level packages that call backward, step and zero_grad on the user's behalf."""
@@ -49,7 +50,7 @@ def _kind(frame: FrameType) -> int:
     name = frame.f_globals.get("__name__")
     top = name.partition(".")[0] if isinstance(name, str) else ""
     if top in _SKIPPED:
-        return _USER if name in _OUR_USERS else _SKIP
+        return _USER if name in OUR_USERS else _SKIP
     if top in FRAMEWORKS:
         return _FRAMEWORK
     parts = frame.f_code.co_filename.replace("\\", "/").split("/")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -30,11 +32,19 @@ def test_demo_streams_a_run_whose_findings_match_its_phases(tmp_path: Path) -> N
     assert r.returncode == 0, r.stdout + r.stderr
     assert "in use" not in r.stderr
     assert f"http://127.0.0.1:{port}/" in r.stdout
+    # the run's own page is printed as it starts: the link opens its live charts
+    link = next(line for line in r.stdout.splitlines() if line.startswith("demo: this run"))
+    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "gradwatch.db")) as db:
+        runs = db.execute("SELECT id FROM runs").fetchall()
+    assert len(runs) == 1 and link.endswith(f"http://127.0.0.1:{port}/?run={runs[0][0]}"), (
+        link, runs)
     findings = [line for line in r.stdout.splitlines() if line.startswith("demo: finding")]
     kinds = {line.split()[2] for line in findings}
     # The forgotten zero_grad phase starts at step 20, the late reset phase at step 40;
     # intentional accumulation (steps 60-79) must stay clean.
     assert kinds == {"missed_reset", "late_reset"}, r.stdout
+    # named as the demo's code holds its optimizer (its loop is the user's code, not ours)
+    assert all(line.split()[3:5] == ["on", "opt"] for line in findings), findings
     assert any("missed_reset" in f and "from step 20" in f for f in findings), findings
     assert any("late_reset" in f and "from step 40" in f for f in findings), findings
     assert (tmp_path / "data").is_dir()

@@ -93,10 +93,11 @@ def steps(n: int, *, first_seq: int = 2, first_step: int = 0, opt: str = "SGD#0"
     return out
 
 
-def optimizer(opt: str = "SGD#0") -> OptimizerInfo:
+def optimizer(opt: str = "SGD#0", label: str | None = None) -> OptimizerInfo:
+    """``label``: what the run's code calls it (``d_opt``), as the probe finds it."""
     return OptimizerInfo(seq=1, t=1_700_000_000.0, opt=opt, cls="SGD",
                          params=["layer.weight", "layer.bias"], shapes=[[4, 4], [4]],
-                         groups=[0, 0])
+                         groups=[0, 0], label=label)
 
 
 def finished(run: str, name: str, sent: list[Step], opt: str = "SGD#0",

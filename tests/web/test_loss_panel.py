@@ -15,8 +15,8 @@ import pytest
 from tests.serverproc import ServerProc
 
 from .conftest import Page
+from .dash import finished, ingest, optimizer, plotted, steps, wait_for
 from .dash import header as run_header
-from .dash import ingest, optimizer, plotted, steps, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -92,4 +92,35 @@ async def test_a_run_without_loss_shows_no_loss_panel(server: ServerProc, page: 
     assert not shown["loss"] and not shown["lr"] and "scalar" not in shown
     legend = await page.locator("#legend").text_content()
     assert "loss" not in legend and " lr" not in legend
+    assert page.errors == []
+
+
+async def test_a_labelled_optimizer_is_named_by_its_label_wherever_it_is_named(
+        server: ServerProc, page: Page) -> None:
+    """Findings name an optimizer as the user's code holds it (``d_opt``); the header, the
+    legend, the readout and the parameters' choice say the same, not its id (``SGD#0``)."""
+    adam = optimizer("Adam#1")
+    adam.seq = 2
+    recs = finished("named", "named run", [*steps(20, first_seq=3),
+                                           *steps(20, first_seq=23, opt="Adam#1")],
+                    before=[adam])
+    recs[1].label = "d_opt"  # what the user's code calls the SGD optimizer
+    await ingest(server.ws, "named", recs)
+    await page.goto(f"{server.http}/?run=named")
+    await page.locator("#slider:enabled").wait_for(timeout=20_000)
+
+    async def drawn() -> bool:
+        got = await plotted(page, "norm")
+        return len(got.get("SGD#0", ([], []))[0]) == 20 and "Adam#1" in got
+
+    await wait_for(drawn)
+    facts = await page.locator("#run-facts").text_content()
+    assert "optimizersd_opt, Adam#1" in facts, facts
+    legend = await page.locator("#legend").text_content()
+    assert "d_opt ‖grad‖" in legend and "Adam#1 ‖grad‖" in legend and "SGD#0" not in legend
+    await page.locator("#slider").fill("10")
+    readout = await page.locator("#readout").text_content()
+    assert "d_opt: " in readout and "Adam#1: " in readout and "SGD#0" not in readout, readout
+    choices = await page.locator("#sel-opt option").all_text_contents()
+    assert sorted(choices) == ["Adam#1", "d_opt"], choices
     assert page.errors == []

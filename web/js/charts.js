@@ -55,6 +55,7 @@ export class MainChart extends LiveFigure {
     this.xmode = "step"; // what the x axis counts (xaxis.js); ranges stay in steps
     this.xaxis = new XAxis("step", []);
     this.optName = null; // the run's one optimizer as findings name it (the resets row)
+    this.optLabels = new Map(); // optimizer id -> its label, as findings name it (legend)
   }
 
   /** Count the x axis in steps, time since the first step or wall-clock time; redraw. */
@@ -99,10 +100,16 @@ export class MainChart extends LiveFigure {
     return this.ready ? this.redraw() : Promise.resolve();
   }
 
-  /** Name the resets row after the run's optimizer (null: several, or none known). */
-  setOptName(name) {
-    if (name === this.optName) return;
+  /**
+   * Name the resets row after the run's optimizer (null: several, or none known) and the
+   * legend's lines after each optimizer's label (`labels`: id -> label, runview.labelsOf).
+   */
+  setOptNames(name, labels) {
+    const same = name === this.optName && labels.size === this.optLabels.size &&
+      [...labels].every(([k, v]) => this.optLabels.get(k) === v);
+    if (same) return;
     this.optName = name;
+    this.optLabels = labels;
     if (this.ready) this.redraw();
   }
 
@@ -190,7 +197,8 @@ export class MainChart extends LiveFigure {
 
   labelText(s) {
     const multiRank = new Set([...this.series.values()].map((x) => x.rank)).size > 1;
-    return multiRank ? `rank ${s.rank} ${s.opt}` : s.opt;
+    const name = this.optLabels.get(s.opt) || s.opt;
+    return multiRank ? `rank ${s.rank} ${name}` : name;
   }
 
   seriesTraces(s) {

@@ -93,3 +93,12 @@ export function stepRange(first, last) {
 export function plotText(s) {
   return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }
+
+/**
+ * Each optimizer's label by its id, for those the run's code named ("d_opt"): the name its
+ * findings use, which the legend, the readout, the header and the parameters' choice use
+ * too (the id otherwise).
+ */
+export function labelsOf(optimizers) {
+  return new Map(optimizers.filter((o) => o.label).map((o) => [o.opt, o.label]));
+}

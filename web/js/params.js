@@ -7,7 +7,7 @@
  */
 
 import { fetchParams } from "./api.js";
-import { el, fmt, plotText, plottable } from "./format.js";
+import { el, fmt, labelsOf, plotText, plottable } from "./format.js";
 import { whenPlotly } from "./loadplotly.js";
 
 const HEAT_STEPS = 400;
@@ -43,8 +43,10 @@ export class ParamsView {
     const changed = runId !== this.runId;
     this.runId = runId;
     this.optimizers = optimizers;
+    const labels = labelsOf(optimizers);
     const opts = [...new Set(optimizers.map((o) => o.opt))];
-    fillSelect(this.selOpt, opts.map((o) => [o, o]), changed ? null : this.selOpt.value);
+    fillSelect(this.selOpt, opts.map((o) => [o, labels.get(o) || o]),
+      changed ? null : this.selOpt.value);
     const rankList = ranks && ranks.length ? ranks : [0];
     fillSelect(this.selRank, rankList.map((r) => [String(r), `rank ${r}`]),
       changed ? null : this.selRank.value);

@@ -7,7 +7,7 @@ import { downloadExport, fetchRun, fetchScalars } from "./api.js";
 import { MainChart } from "./charts.js";
 import { renderConfig } from "./config.js";
 import { downloadFigure, fileStem, runFigure } from "./exporting.js";
-import { count, setText } from "./format.js";
+import { count, labelsOf, setText } from "./format.js";
 import { Announcer, showToast } from "./notices.js";
 import { ParamsView } from "./params.js";
 import { RunNotes } from "./runnotes.js";
@@ -157,8 +157,9 @@ export class RunView {
     performance.mark("gradwatch:snapshot");
     $("missing").hidden = true;
     $("run").hidden = false;
-    this.setSummary(f.run);
     this.optimizers = f.optimizers || [];
+    this.chart.optLabels = labelsOf(this.optimizers); // (the header names them too)
+    this.setSummary(f.run);
     this.params.setRun(this.runId, this.optimizers, f.run && f.run.ranks);
     this.showConfig();
     showNormsChoice(this.optimizers);
@@ -212,7 +213,8 @@ export class RunView {
     showNormsChoice(this.optimizers);
     this.params.setRun(this.runId, this.optimizers, this.summary && this.summary.ranks);
     if (!this.params.data) this.params.refresh();
-    this.chart.setOptName(oneName(this.optimizers));
+    this.chart.setOptNames(oneName(this.optimizers), labelsOf(this.optimizers));
+    if (this.summary) renderSummary(this.summary, this.chart.optLabels);
   }
 
   setFindings(findings) {
@@ -225,7 +227,7 @@ export class RunView {
     if (!run) return;
     const wasLive = this.live;
     this.summary = run;
-    renderSummary(run);
+    renderSummary(run, this.chart.optLabels);
     this.notes.set(run);
     this.verdict.setSummary(run);
     document.title = `${run.name || run.id} · gradwatch`;
@@ -325,13 +327,14 @@ export class RunView {
   updatePlayer() {
     if (this.player.setupFor(this.series, this.live, this.range) && this.cursorNext === null &&
         !this.cursorBusy) {
-      setText("readout", readoutText(this.series, Number($("slider").value), this.chart.optName));
+      setText("readout", readoutText(this.series, Number($("slider").value), this.chart.optName,
+        this.chart.optLabels));
     }
   }
 
   /** Cursor and readout at a step (coalesced: at most one redraw in flight). */
   async showStep(step) {
-    setText("readout", readoutText(this.series, step, this.chart.optName));
+    setText("readout", readoutText(this.series, step, this.chart.optName, this.chart.optLabels));
     if (!this.live) this.player.place(step);
     this.cursorNext = step;
     if (this.cursorBusy) return;

@@ -46,14 +46,15 @@ export async function loadWindow(runId, range, current, points, norms = "model")
 /**
  * "step 150 · Adam#0: ‖grad‖ 3.2 fresh 0.41 drift 7.8 stale 6 · no reset" for every
  * series; a series whose nearest loaded row is another step says which. `optName`: the
- * run's one optimizer as findings name it, which its zero_grad() resets are named after.
+ * run's one optimizer as findings name it, which its zero_grad() resets are named after;
+ * `labels`: each optimizer's label by its id ("d_opt" for "Adam#0"), where it has one.
  */
-export function readoutText(series, step, optName = null) {
+export function readoutText(series, step, optName = null, labels = new Map()) {
   const parts = [`step ${count(step)}`];
   for (const s of series.values()) {
     const i = s.nearest(step);
     if (i < 0) continue;
-    const label = series.size > 1 ? `${s.opt}: ` : "";
+    const label = series.size > 1 ? `${labels.get(s.opt) || s.opt}: ` : "";
     const at = s.step[i] === step ? "" : `(nearest row: step ${count(s.step[i])}) `;
     const facts = [["stale", s.stale[i]], ["leaked", s.leaked[i]], ["late", s.late[i]],
       ["discarded", s.discarded[i]]].filter(([, n]) => n > 0).map(([k, n]) => ` ${k} ${n}`);

@@ -8,8 +8,11 @@ import { count, duration, el, setText, when } from "./format.js";
 
 const $ = (id) => document.getElementById(id);
 
-/** Fill the run header from a RunSummary; called several times a second while live. */
-export function renderSummary(run) {
+/**
+ * Fill the run header from a RunSummary; called several times a second while live.
+ * `labels`: each optimizer's label by its id, shown instead of the id where there is one.
+ */
+export function renderSummary(run, labels = new Map()) {
   setText("run-name", run.name || run.id);
   // The name may be cut to fit the header: whole on hover, with the id.
   $("run-name").title = run.name && run.name !== run.id ? `${run.name} (run ${run.id})` : run.id;
@@ -20,7 +23,7 @@ export function renderSummary(run) {
   const facts = [
     ["steps", count(run.steps)],
     ["findings", count(run.findings)],
-    ["optimizers", (run.optimizers || []).join(", ") || "–"],
+    ["optimizers", (run.optimizers || []).map((o) => labels.get(o) || o).join(", ") || "–"],
     ["ranks", (run.ranks || [0]).length],
     ["started", when(run.started)],
     ["duration", duration((run.updated || run.started) - run.started)],
