@@ -198,19 +198,23 @@ def _print_unsent(handle: WatchHandle) -> None:
 def main(argv: Sequence[str]) -> int:
     """Entry point of ``gradwatch run``; returns the exit code."""
     args, target = _parse(argv)
+    from gradwatch.probe import runinfo
     from gradwatch.probe.autostart import AutoSession, Plan
 
     name = (args.name or (target[1] if target[0] == "-m" else Path(target[0]).stem))[:200]
-    log, run = args.log, None
-    if log is None:  # the default name needs the run id now
-        from gradwatch.probe import runinfo
-
-        run = runinfo.run_id(None)
+    log, run = args.log, runinfo.run_id(None)  # now: the default log's name, the run's page
+    if log is None:
         log = f"gradwatch-{run}.jsonl"
         if args.server:  # streamed: the step log is the spool, out of the working folder
             log = str(runinfo.spool_path(run, 0).with_name(f"{run}.jsonl"))
             print(f"gradwatch: streaming to {args.server}; the step log (the spool, which "
                   f"keeps every record) is {log}", file=sys.stderr)
+    if args.server and runinfo.rank_world()[0] == 0:  # once a job
+        from gradwatch.replay import dashboard_url
+
+        first = args.server.split(",")[0].strip()  # (the servers share one database)
+        print(f"gradwatch: the run, live on the dashboard: {dashboard_url(first, run)}",
+              file=sys.stderr)
     session = AutoSession(Plan(log=log, run_name=name, norms_every=args.norms_every,
                                server=args.server, run=run))
     launcher = runreport.launcher(target, args.log or "run.jsonl")

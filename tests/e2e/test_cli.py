@@ -97,6 +97,9 @@ def test_run_streams_the_names_the_script_uses(tmp_path: Path) -> None:
                            capture_output=True, text=True, timeout=120,
                            env={**os.environ, "GRADWATCH_RUN_ID": "gan-names"})
         assert r.returncode == 0, r.stderr
+        # the run's own page, printed as it starts (with --log too)
+        assert (f"gradwatch: the run, live on the dashboard: http://127.0.0.1:{srv.port}"
+                f"/?run=gan-names") in r.stderr.splitlines(), r.stderr
         run = srv.get("/api/runs/gan-names")
         assert [(o["opt"], o["label"], o["params"]) for o in run["optimizers"]] == [
             ("Adam#0", "og", ["G.net.weight", "G.net.bias"]),
