@@ -83,7 +83,8 @@ def engine_script(*args: str, timeout: float) -> dict[str, str]:
     )
     if result.returncode != 0:
         raise AssertionError(f"docker-engine.sh {' '.join(args)}:\n{result.stderr[-4000:]}")
-    log.info("docker-engine.sh %s: %.1f s\n%s", *args, time.monotonic() - t0, result.stderr.strip())
+    log.info("docker-engine.sh %s: %.1f s\n%s", " ".join(args), time.monotonic() - t0,
+             result.stderr.strip())
     return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
 
 

@@ -245,11 +245,15 @@ def test_readme_docker_lines_run_as_written(
         docker: Docker, base_image: str, gradwatch_image: str, tmp_path: Path) -> None:
     """Each line of the README's Docker block, in a shell, on this machine's engine: with
     Debian's docker.io, ``docker compose`` becomes what the README says to write. Only the
-    host port is changed (``GRADWATCH_PORT``, as compose.yaml allows), to a free one."""
+    host port is changed (``GRADWATCH_PORT``, as compose.yaml allows), to a free one, and
+    the healthcheck's interval."""
     lines, _ = readme_docker_lines()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = ReadmeShell.env(docker, base_image, tmp_path / "spool", GRADWATCH_PORT=str(port))
+    # The healthcheck every second (GRADWATCH_HEALTH_INTERVAL, as compose.yaml allows), so
+    # each `up` waits its first check 1 s, not the default 10 s.
+    env = ReadmeShell.env(docker, base_image, tmp_path / "spool", GRADWATCH_PORT=str(port),
+                          GRADWATCH_HEALTH_INTERVAL="1s")
     sh = ReadmeShell(docker, env, tmp_path, {8765: port})
     (tmp_path / "train.py").write_text(
         "import torch\n"

@@ -57,6 +57,7 @@ def test_team_compose_shares_one_database_with_two_loopback_servers() -> None:
     volume, _, target = pg["volumes"][0].partition(":")
     assert volume in compose["volumes"] and target == "/var/lib/postgresql/data"
     assert "pg_isready" in pg["healthcheck"]["test"]
+    assert pg["healthcheck"]["interval"] == "${GRADWATCH_HEALTH_INTERVAL:-5s}"
     published = []
     for name in ("gradwatch-a", "gradwatch-b"):
         s = services[name]
@@ -71,6 +72,7 @@ def test_team_compose_shares_one_database_with_two_loopback_servers() -> None:
         assert str(port).startswith("127.0.0.1:") and str(port).endswith(":8765")
         published.append(port)
         assert "/healthz" in " ".join(s["healthcheck"]["test"])
+        assert s["healthcheck"]["interval"] == "${GRADWATCH_HEALTH_INTERVAL:-10s}"
     assert len(set(published)) == 2
 
 
@@ -105,7 +107,8 @@ def test_readme_team_lines_run_as_written_and_fail_over(
         docker: Docker, base_image: str, gradwatch_image: str, tmp_path: Path) -> None:
     """Each line of the README's team block, in a shell, on this machine's engine (with
     docker.io, ``docker compose`` as the README says to write it); only the host ports
-    are changed, to free ones (``GRADWATCH_PORT_A``/``_B``, as the compose file allows)."""
+    are changed, to free ones (``GRADWATCH_PORT_A``/``_B``, as the compose file allows), and
+    the healthchecks' interval."""
     from gradwatch.steplog import read_log
     from gradwatch.verdict import verdict_of
     from gradwatch.wire import Step
@@ -113,8 +116,11 @@ def test_readme_team_lines_run_as_written_and_fail_over(
     export, up, stream, down = readme_block(HEADING)[0]
     port_a, port_b = free_port(), free_port()
     a, b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
+    # Healthchecks every second (GRADWATCH_HEALTH_INTERVAL): each `up` waits PostgreSQL's
+    # first check, then the servers', 1 s each, not the default 5 s and 10 s.
     env = ReadmeShell.env(docker, base_image, tmp_path / "spool",
-                          GRADWATCH_PORT_A=str(port_a), GRADWATCH_PORT_B=str(port_b))
+                          GRADWATCH_PORT_A=str(port_a), GRADWATCH_PORT_B=str(port_b),
+                          GRADWATCH_HEALTH_INTERVAL="1s")
     sh = ReadmeShell(docker, env, tmp_path, {8765: port_a, 8766: port_b})
     if not os.environ.get("GRADWATCH_DOCKER_BASE"):  # no registry: Debian's PostgreSQL 15
         env["GRADWATCH_POSTGRES_IMAGE"] = docker.script(

@@ -122,7 +122,10 @@ def test_replay_resume_sends_only_what_the_server_lacks(tmp_path: Path) -> None:
     recs = synth.records("half-there", steps=300)
     log = tmp_path / "run.jsonl"
     log.write_text(synth.log_text(recs))
-    with ServerProc(tmp_path / "data") as srv:
+    # A run whose stream ended without End reads as live until --interrupted-after (1 s
+    # in ServerProc): longer here, so a loaded machine's slow exit of the first replay
+    # cannot turn "live" into "interrupted" before the test reads it.
+    with ServerProc(tmp_path / "data", None, "--interrupted-after", "600") as srv:
         first = tmp_path / "first.jsonl"
         first.write_text(synth.log_text(recs[:120]))
         r = gw("replay", str(first), "--server", srv.ws, "--resume")

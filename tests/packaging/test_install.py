@@ -95,9 +95,20 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _venv(path: Path) -> Venv:
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=120)
-    return Venv(path)
+def _venv(template: Path, path: Path) -> Venv:
+    """A fresh virtual environment at ``path``: a copy of ``template`` (a fresh
+    ``python -m venv``) with its own path in its scripts and pyvenv.cfg, what ``python -m
+    venv path`` makes, without installing and byte-compiling pip again (seconds each)."""
+    shutil.copytree(template, path, symlinks=True)
+    old, new = str(template).encode(), str(path).encode()
+    for f in [path / "pyvenv.cfg", *(path / "bin").iterdir()]:
+        if f.is_file() and not f.is_symlink() and old in (data := f.read_bytes()):
+            f.write_bytes(data.replace(old, new))
+    venv = Venv(path)
+    # its pip installs into it, not into the template
+    r = venv.run("pip", "--version", cwd=path)
+    assert f"{path}/lib/" in r.stdout, r.stdout + r.stderr
+    return venv
 
 
 def _disk_bytes(root: Path) -> int:
@@ -147,33 +158,42 @@ def dist(checkout: Path, readme_lines: tuple[list[str], list[str]]) -> Dist:
 
 
 @pytest.fixture(scope="session")
-def bare(tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    return _venv(tmp_path_factory.mktemp("venv") / "bare")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The one ``python -m venv`` the fresh environments below are copies of."""
+    path = tmp_path_factory.mktemp("venv") / "template"
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=120)
+    return path
 
 
-def _installed(factory: pytest.TempPathFactory, name: str, line: str, checkout: Path) -> Venv:
+@pytest.fixture(scope="session")
+def bare(tmp_path_factory: pytest.TempPathFactory, template: Path) -> Venv:
+    return _venv(template, tmp_path_factory.mktemp("venv") / "bare")
+
+
+def _installed(factory: pytest.TempPathFactory, template: Path, name: str, line: str,
+               checkout: Path) -> Venv:
     """A fresh venv ``name`` that a README line installed into, run in the checkout."""
-    venv = _venv(factory.mktemp("venv") / name)
+    venv = _venv(template, factory.mktemp("venv") / name)
     run_line(line, cwd=checkout, venv=venv)
     return venv
 
 
 @pytest.fixture(scope="session")
-def base(tmp_path_factory: pytest.TempPathFactory, checkout: Path,
+def base(tmp_path_factory: pytest.TempPathFactory, template: Path, checkout: Path,
          readme_lines: tuple[list[str], list[str]]) -> Venv:
-    return _installed(tmp_path_factory, "base", readme_lines[0][0], checkout)
+    return _installed(tmp_path_factory, template, "base", readme_lines[0][0], checkout)
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory, checkout: Path,
+def server(tmp_path_factory: pytest.TempPathFactory, template: Path, checkout: Path,
            readme_lines: tuple[list[str], list[str]]) -> Venv:
-    return _installed(tmp_path_factory, "server", readme_lines[0][1], checkout)
+    return _installed(tmp_path_factory, template, "server", readme_lines[0][1], checkout)
 
 
 @pytest.fixture(scope="session")
-def wheel_server(tmp_path_factory: pytest.TempPathFactory, checkout: Path, dist: Dist,
-                 readme_lines: tuple[list[str], list[str]]) -> Venv:
-    return _installed(tmp_path_factory, "wheel", readme_lines[1][1], checkout)
+def wheel_server(tmp_path_factory: pytest.TempPathFactory, template: Path, checkout: Path,
+                 dist: Dist, readme_lines: tuple[list[str], list[str]]) -> Venv:
+    return _installed(tmp_path_factory, template, "wheel", readme_lines[1][1], checkout)
 
 
 def test_the_readme_installs_from_a_checkout_and_names_the_wheel_make_dist_builds(
