@@ -3,9 +3,11 @@
 # Browser tests need Debian's chromium, the plotly.js refresh test npm, the Docker test
 # docker.io and the storage tests' second backend PostgreSQL (a throwaway cluster per test
 # process: tests/pgcluster.py); they are installed here when missing (root on Debian).
-# GRADWATCH_SKIP_DOCKER=1 skips the image test. pytest runs one worker per core
-# (GRADWATCH_TEST_WORKERS to choose; 0: none); tests that share an expensive module fixture
-# (the built wheel, the Docker engine, a DDP run) are one xdist_group, run by one worker.
+# GRADWATCH_SKIP_DOCKER=1 skips the image test. pytest runs a worker per core and one more
+# (GRADWATCH_TEST_WORKERS to choose; 0: none): many tests wait on a subprocess, a server or
+# a browser, and the extra worker uses that idle time; tests that share an expensive module
+# fixture (the built wheel, the Docker engine, a DDP run) are one xdist_group, run by one
+# worker.
 set -euo pipefail
 venv=${1:-.venv}
 bin=$venv/bin
@@ -31,5 +33,5 @@ echo "test: ruff"; "$bin/ruff" check .
 echo "test: mypy"; bash scripts/mypy.sh "$venv"
 mkdir -p test-artifacts
 echo "test: pytest"
-"$bin/python" -m pytest -q -ra -n "${GRADWATCH_TEST_WORKERS:-auto}" --dist loadgroup \
+"$bin/python" -m pytest -q -ra -n "${GRADWATCH_TEST_WORKERS:-$(($(nproc) + 1))}" --dist loadgroup \
   --durations=30 "${@:2}"
