@@ -211,8 +211,9 @@ def main(argv: Sequence[str]) -> int:
                   f"keeps every record) is {log}", file=sys.stderr)
     if args.server and runinfo.rank_world()[0] == 0:  # once a job
         from gradwatch.replay import dashboard_url
+        from gradwatch.stream import ingest_urls
 
-        first = args.server.split(",")[0].strip()  # (the servers share one database)
+        first = ingest_urls(args.server)[0]  # (the servers share one database)
         print(f"gradwatch: the run, live on the dashboard: {dashboard_url(first, run)}",
               file=sys.stderr)
     session = AutoSession(Plan(log=log, run_name=name, norms_every=args.norms_every,

@@ -29,8 +29,10 @@ def fmt(x: float) -> str:
 
 
 STRIP_TICKS = """(() => { const l = document.getElementById('chart').layout;
-  const k = Object.keys(l).find((key) => l[key] && l[key].tickmode === 'array');
-  return l[k].ticktext; })()"""
+  const k = l && Object.keys(l).find((key) => l[key] && l[key].tickmode === 'array');
+  return k ? l[k].ticktext : null; })()"""
+"""The event strip's row names; null until the chart is drawn (the player can be ready
+first: under load the first draw comes later)."""
 STRIP_ID = """(() => { const l = document.getElementById('chart').layout;
   return Object.keys(l).find((key) => l[key] && l[key].tickmode === 'array')
     .replace('axis', ''); })()"""
@@ -114,7 +116,7 @@ async def test_a_reset_kind_has_one_name_everywhere(server: ServerProc, page: Pa
     await ingest(server.ws, "names", recs)
     await page.goto(f"{server.http}/?run=names")
     await page.locator("#slider:enabled").wait_for()
-    ticks = await page.evaluate(STRIP_TICKS)
+    ticks = await wait_for(lambda: page.evaluate(STRIP_TICKS))
     # only the rows this run has; the resets named as the findings name the optimizer
     assert ticks == ["stale grads", "model_opt.zero_grad()"]
     (f,) = server.get("/api/runs/names/findings")["findings"]

@@ -4,7 +4,7 @@
  * momentum, betas, weight decay...). Wire text, written with textContent.
  */
 
-import { el, setText } from "./format.js";
+import { el, optName, setText } from "./format.js";
 
 const $ = (id) => document.getElementById(id);
 /** Settings shown first, in this order; the rest follow by name. */
@@ -43,7 +43,7 @@ export function renderConfig(argv, optimizers) {
   const rows = [];
   for (const o of optimizers || []) {
     (o.hparams || []).forEach((h, g) => {
-      const who = `${o.label || o.opt}${o.rank ? ` (rank ${o.rank})` : ""} · ${o.cls}` +
+      const who = `${optName(o)}${o.rank ? ` (rank ${o.rank})` : ""} · ${o.cls}` +
         `${o.hparams.length > 1 ? ` · group ${g}` : ""}`;
       const li = el("li");
       li.append(el("span", { class: "who" }, who), el("span", {}, groupText(h)));

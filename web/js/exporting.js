@@ -5,7 +5,7 @@
  */
 
 import { groupText } from "./config.js";
-import { count, plotText, when } from "./format.js";
+import { count, optName, plotText, when } from "./format.js";
 import { findingKind } from "./kinds.js";
 import { css } from "./layout.js";
 
@@ -84,7 +84,7 @@ export function runFigure(gd, run, findings, optimizers = []) {
 function settingsText(optimizers) {
   const parts = optimizers.filter((o) => o.hparams && o.hparams.length).map((o) => {
     const more = o.hparams.length - 1;
-    return `${o.label || o.opt}: ${o.cls} ` +
+    return `${optName(o)}: ${o.cls} ` +
       `${groupText(o.hparams[0])}${more ? ` (+${more} group${more > 1 ? "s" : ""})` : ""}`;
   });
   // Ranks of one launch share their settings: say each once.

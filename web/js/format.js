@@ -95,9 +95,16 @@ export function plotText(s) {
 }
 
 /**
- * Each optimizer's label by its id, for those the run's code named ("d_opt"): the name its
- * findings use, which the legend, the readout, the header and the parameters' choice use
- * too (the id otherwise).
+ * An optimizer's name as its findings give it (an OptimizerView): its label where the run's
+ * code named it ("d_opt"), else its id ("Adam#0").
+ */
+export function optName(o) {
+  return o.label || o.opt;
+}
+
+/**
+ * Each optimizer's label by its id, for those the run's code named (optName): for the
+ * legend, the readout, the header and the parameters' choice, which hold only ids.
  */
 export function labelsOf(optimizers) {
   return new Map(optimizers.filter((o) => o.label).map((o) => [o.opt, o.label]));

@@ -7,7 +7,7 @@ import { downloadExport, fetchRun, fetchScalars } from "./api.js";
 import { MainChart } from "./charts.js";
 import { renderConfig } from "./config.js";
 import { downloadFigure, fileStem, runFigure } from "./exporting.js";
-import { count, labelsOf, setText } from "./format.js";
+import { count, labelsOf, optName, setText } from "./format.js";
 import { Announcer, showToast } from "./notices.js";
 import { ParamsView } from "./params.js";
 import { RunNotes } from "./runnotes.js";
@@ -419,6 +419,6 @@ function showNormsChoice(optimizers) {
  * optimizer of updates by hand makes no optimizer.zero_grad() reset and is left out.
  */
 function oneName(optimizers) {
-  const names = new Set(optimizers.filter((o) => o.opt !== "manual").map((o) => o.label || o.opt));
+  const names = new Set(optimizers.filter((o) => o.opt !== "manual").map(optName));
   return names.size === 1 ? [...names][0] : null;
 }
