@@ -14,6 +14,11 @@ walk the graph, :mod:`gradwatch.probe.reach`, and its first steps check whether 
 optimizer ever holds a gradient), ``--steps`` steps, averaged; a sampled graph walk (one
 backward in 64) lands in them as a fraction.
 
+The writer thread's work is counted apart, the same way: the calls made while it turns one
+step's facts into its record, its line and its verdict (``RecordWriter._emit``), per step
+record. It is off the training thread, but on this machine's cores and under the GIL, so a
+long run's training thread waits for part of it (``probe_overhead``'s "writer's drains").
+
 Run: ``python bench/calls.py [--steps N] [--warm N] [--list] [--previous CHECKOUT]``
 """
 
@@ -24,6 +29,7 @@ import collections
 import contextlib
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -63,13 +69,57 @@ class Counts:
             self.by_fn[(self.phase, f"[C] {getattr(arg, '__qualname__', arg)}")] += 1
 
 
+class WriterCounts:
+    """Calls the writer thread makes inside ``RecordWriter._emit`` for step facts, after
+    the first ``skip`` of them (the warm-up's steps)."""
+
+    _FACTS = ("TextbookStep", "JudgedStep")
+
+    def __init__(self, skip: int) -> None:
+        self.skip = skip
+        self.seen = self.records = self.py = self.c = 0
+        self.by_fn: collections.Counter[str] = collections.Counter()
+        self.depth = 0
+        """Frames open inside a counted ``_emit`` (0: outside one)."""
+
+    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        if self.depth:
+            if event == "call":
+                self.depth += 1
+                self.py += 1
+                code = frame.f_code
+                self.by_fn[f"{Path(code.co_filename).name}:{code.co_firstlineno} "
+                           f"{code.co_qualname}"] += 1
+            elif event == "return":
+                self.depth -= 1
+            elif event == "c_call":
+                self.c += 1
+                self.by_fn[f"[C] {getattr(arg, '__qualname__', arg)}"] += 1
+        elif (event == "call" and frame.f_code.co_name == "_emit"
+              and type(frame.f_locals.get("item")).__name__ in self._FACTS):
+            self.seen += 1
+            if self.seen > self.skip:
+                self.depth = 1
+                self.records += 1
+
+    def per_record(self) -> tuple[float, float]:
+        """Python and C calls per counted step record."""
+        n = max(1, self.records)
+        return self.py / n, self.c / n
+
+
 def count(make: Make, watch: Callable[[torch.optim.Optimizer], Any] | None, steps: int,
-          warm: int) -> Counts:
+          warm: int) -> tuple[Counts, WriterCounts]:
     """Calls per ``steps`` steps after ``warm`` steps, with ``watch(opt)`` attached (None:
-    the bare loop)."""
+    the bare loop), and the writer thread's per step record."""
     model, x, y, opt = _setup(make)
     loss_fn = torch.nn.functional.cross_entropy
-    handle = watch(opt) if watch is not None else None
+    writer = WriterCounts(skip=warm)
+    threading.setprofile(writer.profile)  # for threads started from here: the writer's
+    try:
+        handle = watch(opt) if watch is not None else None
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
     counts = Counts()
 
     def step() -> None:  # the same statements as the bench's loop, phase by phase
@@ -91,8 +141,8 @@ def count(make: Make, watch: Callable[[torch.optim.Optimizer], Any] | None, step
     finally:
         sys.setprofile(None)
     if handle is not None:
-        handle.close()
-    return counts
+        handle.close()  # the writer handles every record before it stops
+    return counts, writer
 
 
 def _watcher(gw: Any, stem: Path, every: int, run: bool
@@ -127,22 +177,26 @@ def main() -> None:
         if previous is not None:
             releases.append(("previous", previous.active))
         print(f"calls per judged step, probe minus bare loop ({args.steps} steps after "
-              f"{args.warm}): Python / C, total then by phase ({' / '.join(PHASES)})")
+              f"{args.warm}): Python / C, total then by phase ({' / '.join(PHASES)}); "
+              f"then the writer thread's per step record")
         for mname, make in (("MLP", _mlp), ("many-tensor", _many)):
-            bare = count(make, None, args.steps, args.warm)
+            bare, _ = count(make, None, args.steps, args.warm)
             for rel, active in releases:
                 for mode, every, run in MODES:
                     with active() as g:
-                        c = count(make, _watcher(gradwatch if g is None else g,
-                                                 tmp / f"{mname}-{rel}-{mode}", every, run),
-                                  args.steps, args.warm)
+                        c, w = count(make, _watcher(gradwatch if g is None else g,
+                                                    tmp / f"{mname}-{rel}-{mode}", every,
+                                                    run), args.steps, args.warm)
                     py = [(a - b) / args.steps for a, b in zip(c.py, bare.py, strict=True)]
                     cc = [(a - b) / args.steps for a, b in zip(c.c, bare.c, strict=True)]
+                    wpy, wc = w.per_record()
                     print(f"  {mname:12s} {mode:8s} {rel:8s} {sum(py):6.1f} / {sum(cc):6.1f}"
                           f"   ({' / '.join(f'{p:.1f}' for p in py)})"
-                          f"   ({' / '.join(f'{p:.1f}' for p in cc)})")
+                          f"   ({' / '.join(f'{p:.1f}' for p in cc)})"
+                          f"   writer {wpy:.1f} / {wc:.1f} a record")
                     if args.list and rel == "this":
                         _listing(c, bare, args.steps)
+                        _writer_listing(w)
 
 
 def _listing(c: Counts, bare: Counts, steps: int) -> None:
@@ -153,6 +207,12 @@ def _listing(c: Counts, bare: Counts, steps: int) -> None:
         for fn, v in sorted(extra.items(), key=lambda kv: (-kv[1], kv[0])):
             if abs(v) >= 0.01:
                 print(f"      {name:9s} {v:6.2f}  {fn}")
+
+
+def _writer_listing(w: WriterCounts) -> None:
+    print("    the writer thread's calls per step record (count per record):")
+    for fn, v in sorted(w.by_fn.items(), key=lambda kv: (-kv[1], kv[0])):
+        print(f"      {v / max(1, w.records):6.2f}  {fn}")
 
 
 if __name__ == "__main__":

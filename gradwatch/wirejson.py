@@ -13,6 +13,7 @@ thread's unrolled copy for the fields known today, held equal to it by tests.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -31,6 +32,8 @@ _DEFAULTS: dict[_Field, Any] = {(Step, k): x for k, x in encoding.DEFAULTS_V3.it
 _COMPACT = (Step, Reset, StepSites)
 """Models written in the compact forms (defaults left out); the others are written whole."""
 _str = json.JSONEncoder(ensure_ascii=False).encode
+_name = functools.lru_cache(maxsize=1024)(_str)
+"""An optimizer's name as JSON: a step of it is written every step."""
 _UNSET = object()
 
 
@@ -52,13 +55,14 @@ packed (one learning rate: ``[0.1]``, not ``"f64:mpmZmZmZuT8="``)."""
 def floats_text(xs: list[float | None]) -> str:
     """A per-parameter (or per-group) float list since version 2: packed
     (:func:`gradwatch.encoding.pack`), or a plain JSON list when it has at most
-    :data:`_SHORT` entries and that is shorter. Readers take either."""
+    :data:`_SHORT` entries and that is no longer. Readers take either."""
+    if len(xs) > _SHORT:
+        return '"' + encoding.pack(xs) + '"'
+    plain = "[" + ",".join("null" if x is None else num(x) for x in xs) + "]"
+    if len(plain) <= 6 + 4 * -(-4 * len(xs) // 3):  # the shortest packing: quoted f32
+        return plain  # (a step's one learning rate, packed or not: no packing made)
     packed = '"' + encoding.pack(xs) + '"'
-    if len(xs) <= _SHORT:
-        plain = "[" + ",".join("null" if x is None else num(x) for x in xs) + "]"
-        if len(plain) <= len(packed):
-            return plain
-    return packed
+    return plain if len(plain) <= len(packed) else packed
 
 
 def _value(x: Any) -> str:
@@ -153,7 +157,7 @@ def step_text(s: Step) -> str:
     d = s.__dict__
     if d.keys() != STEP_FIELDS:  # a field this copy does not know: the reference writes
         return ObjectJson.encode(s)
-    out = [f'{{"seq":{d["seq"]},"t":{num(d["t"])},"type":"step","opt":{_str(d["opt"])},'
+    out = [f'{{"seq":{d["seq"]},"t":{num(d["t"])},"type":"step","opt":{_name(d["opt"])},'
            f'"step":{d["step"]}']
     if d["skipped"]:
         out.append('"skipped":true')
@@ -180,14 +184,14 @@ def step_text(s: Step) -> str:
     norm, fresh_norm, drift = d["norm"], d["fresh_norm"], d["drift"]
     if norm is not None:
         out.append(f'"norm":{num(norm)}')
-    if not encoding.same(fresh_norm, norm):
+    if fresh_norm is not norm and not encoding.same(fresh_norm, norm):
         out.append(f'"fresh_norm":{_opt_num(fresh_norm)}')
     if not encoding.same(drift, encoding.implied_drift(norm, fresh_norm)):
         out.append(f'"drift":{_opt_num(drift)}')
     per, fresh = d["param_norms"], d["param_fresh_norms"]
     if per is not None:
         out.append(f'"param_norms":{floats_text(per)}')
-    if not encoding.same_list(fresh, per):
+    if fresh is not per and not encoding.same_list(fresh, per):
         out.append('"param_fresh_norms":' + ("null" if fresh is None
                                              else floats_text(fresh)))
     if d["sites"] is not None:

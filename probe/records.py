@@ -27,6 +27,7 @@ from gradwatch.encoding import at_float32_precision, implied_drift, is_float32
 from gradwatch.probe.facts import (
     Hits,
     JudgedStep,
+    Norms,
     NormSample,
     ResetFact,
     ResetLoss,
@@ -123,13 +124,12 @@ class StepRecords:
         return item
 
     def _textbook(self, facts: TextbookStep, seq: int) -> Step:
-        tally = StepTally()
-        tally.fresh = tally.consumed = len(facts.hits) - 1
-        tally.bws.add(-facts.hits[0])
-        tally.norms = facts.norms
-        return step_record(seq, facts.t, facts.opt, facts.step, False, tally, facts.resets,
-                           self._lookup(facts.opt, facts.index), _NO_LOSSES, _NO_PARAMS,
-                           _NO_PARAMS, None, loss_of(facts.roots), facts.lr)
+        # One backward, every contribution fresh and consumed, nothing stale, leaked, late
+        # or discarded (what makes it textbook): no tally to gather, most fields default.
+        consumed = len(facts.hits) - 1
+        resets, _ = _resets(facts.resets, self._lookup(facts.opt, facts.index), _NO_LOSSES)
+        return _step(seq, facts.t, facts.opt, facts.step, resets, facts.norms,
+                     loss_of(facts.roots), facts.lr, consumed=consumed, fresh=consumed)
 
     def _lookup(self, opt: str, index: dict[int, int]) -> Lookup:
         lookup = self._lookups.get(opt)
@@ -144,6 +144,19 @@ def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: S
                 sites: SiteFacts | None = None, root_loss: float | None = None,
                 lr: list[float] | None = None) -> Step:
     """A :class:`Step` record from a step's facts."""
+    resets, discarded = _resets(resets_since, lookup, losses)
+    return _step(seq, t, opt, step, resets, tally.norms, root_loss, lr, skipped=skipped,
+                 closure_evals=tally.closure_evals, backwards=len(tally.bws),
+                 consumed=tally.consumed, fresh=tally.fresh, stale=tally.stale,
+                 leaked=tally.leaked, stale_params=tally.stale_params,
+                 leaked_params=tally.leaked_params, late=late, discarded=discarded,
+                 discarded_params=discarded_params, sites=sites)
+
+
+def _resets(resets_since: list[ResetFact], lookup: Lookup, losses: dict[str, ResetLoss]
+            ) -> tuple[list[Reset], int]:
+    """A step's :class:`Reset` entries, one per kind of reset since the previous step, and
+    the contributions they threw away in all."""
     by_how: dict[str, list[tuple[Sequence[int], Sequence[Hits]]]] = {}
     last_site: dict[str, int] = {}
     for reset in resets_since:
@@ -159,22 +172,36 @@ def step_record(seq: int, t: float, opt: str, step: int, skipped: bool, tally: S
                                       "discarded": loss.discarded,
                                       "after_backward": loss.after_backward,
                                       "site": loss.site or last_site.get(how)}))
-    norm = fresh_norm = drift = per = fresh = None
-    if tally.norms is not None:
-        per, fresh, norm, fresh_norm = host_norms(tally.norms)
+    return resets, discarded
+
+
+def _step(seq: int, t: float, opt: str, step: int, resets: list[Reset], norms: Norms,
+          root_loss: float | None, lr: list[float] | None, *, skipped: bool = False,
+          closure_evals: int = 0, backwards: int = 1, consumed: int = 0, fresh: int = 0,
+          stale: int = 0, leaked: int = 0, stale_params: AbstractSet[int] = _NO_PARAMS,
+          leaked_params: AbstractSet[int] = _NO_PARAMS, late: AbstractSet[int] = _NO_PARAMS,
+          discarded: int = 0, discarded_params: AbstractSet[int] = _NO_PARAMS,
+          sites: SiteFacts | None = None) -> Step:
+    """The one place a :class:`Step` record is made (the writer thread makes one per
+    optimizer step: index sets are sorted only when not empty)."""
+    norm = fresh_norm = drift = per = fresh_per = None
+    if norms is not None:
+        per, fresh_per, norm, fresh_norm = host_norms(norms)
         drift = implied_drift(norm, fresh_norm)  # the rule writers leave drift out by
     if root_loss is not None and is_float32([root_loss]):  # a float32 loss: 9 digits
         root_loss = at_float32_precision(root_loss)
     return trusted(Step, {
         "seq": seq, "t": t, "type": "step", "opt": opt, "step": step,
-        "skipped": skipped, "closure_evals": tally.closure_evals,
-        "backwards": len(tally.bws), "consumed": tally.consumed, "fresh": tally.fresh,
-        "stale": tally.stale, "leaked": tally.leaked,
-        "stale_params": sorted(tally.stale_params),
-        "leaked_params": sorted(tally.leaked_params), "late_params": sorted(late),
-        "discarded": discarded, "discarded_params": sorted(discarded_params),
+        "skipped": skipped, "closure_evals": closure_evals,
+        "backwards": backwards, "consumed": consumed, "fresh": fresh,
+        "stale": stale, "leaked": leaked,
+        "stale_params": sorted(stale_params) if stale_params else [],
+        "leaked_params": sorted(leaked_params) if leaked_params else [],
+        "late_params": sorted(late) if late else [],
+        "discarded": discarded,
+        "discarded_params": sorted(discarded_params) if discarded_params else [],
         "resets": resets, "norm": norm, "fresh_norm": fresh_norm, "drift": drift,
-        "param_norms": per, "param_fresh_norms": fresh,
+        "param_norms": per, "param_fresh_norms": fresh_per,
         "sites": None if sites is None else trusted(StepSites, {
             "step": sites.step or None, "stale": sorted(sites.stale)[:_MAX_SITES],
             "leaked": sorted(sites.leaked)[:_MAX_SITES],
@@ -189,6 +216,8 @@ def loss_of(roots: list[Value] | None) -> float | None:
     never does). None when unknown or unreadable."""
     if roots is None:
         return None
+    if len(roots) == 1 and type(v := roots[0]) is float:  # a step's one CPU loss
+        return v
     total = 0.0
     try:
         for v in roots:

@@ -40,6 +40,12 @@ def test_calls_prints_each_mode_for_both_models_and_run_hooks_like_watch() -> No
         # (counts, not times: the same on any machine) ``gradwatch run``'s session makes
         # the calls ``watch(opt)`` makes: its step hooks are its own, not a shared loop
         assert rows[(model, "run", "this")] == rows[(model, "judging", "this")], model
+    # the writer thread's calls per step record end each row: a record is made per step
+    writer = {tuple(x.split()[:3]): x.split("writer ")[1] for x in out.splitlines()[1:]}
+    for model in ("MLP", "many-tensor"):
+        judged = writer[(model, "judging", "this")]
+        assert judged.endswith(" a record") and judged == writer[(model, "run", "this")]
+        assert float(judged.split(" / ")[0]) > 10, judged  # the record, its line, the verdict
 
 
 def test_islands_prints_every_segment_for_both_models() -> None:

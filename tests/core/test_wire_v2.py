@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from gradwatch import check
+from gradwatch import check, encoding
 from gradwatch.steplog import read_log
 from gradwatch.wire import (
     PROTOCOL_VERSION,
@@ -35,7 +35,7 @@ from gradwatch.wire import (
     parse_record,
     trusted,
 )
-from gradwatch.wirejson import ObjectJson, dump_record, step_text
+from gradwatch.wirejson import ObjectJson, dump_record, floats_text, num, step_text
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAN, INF = math.nan, math.inf
@@ -245,3 +245,18 @@ def test_a_short_float_list_is_written_plain_where_that_is_shorter_and_reads_bac
     for text in (step_text(s), ObjectJson.encode(s)):
         assert '"lr":[0.1]' in text and '"param_norms":"f32:' in text
         assert parse_record(text, PROTOCOL_VERSION) == s
+
+
+def test_a_short_float_list_takes_the_shorter_form_plain_on_a_tie() -> None:
+    # the reference: both forms made, the shorter kept (plain when equal); the writer skips
+    # packing when the plain form cannot lose, so this checks that shortcut never differs
+    rng = random.Random(7)
+    pool = [0.1, 1.0, -0.0, 3e-5, 1e300, 5e-324, 0.30000000000000004, 2.5, None,
+            float("nan"), float("inf"), 123456.789, 1 / 3]
+    for n in range(1, 5):
+        for _ in range(400):
+            xs = [rng.choice(pool) if rng.random() < 0.6 else rng.uniform(-1e3, 1e3)
+                  for _ in range(n)]
+            packed = '"' + encoding.pack(xs) + '"'
+            plain = "[" + ",".join("null" if x is None else num(x) for x in xs) + "]"
+            assert floats_text(xs) == (plain if len(plain) <= len(packed) else packed), xs
