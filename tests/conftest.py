@@ -39,7 +39,8 @@ TESTS = Path(__file__).resolve().parent
 
 
 def _rank(item: pytest.Item) -> int:
-    where = Path(item.path).resolve().relative_to(TESTS).as_posix()
+    path = Path(item.path).resolve()
+    where = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else ""
     return next((i for i, p in enumerate(LONG_FIRST) if where.startswith(p)), len(LONG_FIRST))
 
 
