@@ -320,11 +320,13 @@ def test_a_file_that_is_no_step_log_is_not_written_over(script: Path,
     assert notes.read_text() == "my notes\n"
 
 
-def test_check_sarif_of_a_real_run_points_into_the_script(script: Path,
-                                                          tmp_path: Path) -> None:
+def test_check_sarif_of_a_real_run_points_into_the_script(
+        script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / ".git").mkdir()
     log = tmp_path / "s.jsonl"
-    _run(["run", "--log", str(log), "--", "train.py", "--bug"], tmp_path)
+    assert _run_here(["run", "--log", str(log), "--", "train.py", "--bug"], tmp_path,
+                     monkeypatch, capsys)[0] == 0
     r = _run(["check", "--format", "sarif", str(log)], tmp_path)
     assert r.returncode == 1, r.stderr
     [res] = json.loads(r.stdout)["runs"][0]["results"]
