@@ -7,7 +7,7 @@
 # (GRADWATCH_TEST_WORKERS to choose; 0: none): many tests wait on a subprocess, a server or
 # a browser, and the extra worker uses that idle time; tests that share an expensive module
 # fixture (the built wheel, the Docker engine, a DDP run) are one xdist_group, run by one
-# worker.
+# worker; tests/conftest.py collects the long tests first, so the run ends on quick ones.
 set -euo pipefail
 venv=${1:-.venv}
 bin=$venv/bin

@@ -40,3 +40,11 @@ def test_an_xdist_group_runs_on_one_worker(tmp_path: Path) -> None:
     for name in ("test_grouped", "test_other"):
         workers = {w for w, test in ran if test == name}
         assert len(workers) == 1, f"{name} ran on {sorted(workers)}: xdist groups are split"
+
+
+def test_the_modules_handed_out_first_exist() -> None:
+    # tests/conftest.py collects these first, so that the long tests are not the last ones
+    # handed out: a renamed or moved module would silently drop to the end of the run.
+    from tests.conftest import LONG_FIRST, TESTS
+
+    assert [p for p in LONG_FIRST if not (TESTS / p).exists()] == []

@@ -262,29 +262,50 @@ def test_scripts_that_never_step_say_what_happened(tmp_path: Path, target: list[
     assert _run(["check", str(log)], tmp_path).returncode == 3
 
 
-def test_fail_on_findings_fails_a_successful_script_with_findings(script: Path,
-                                                                  tmp_path: Path) -> None:
+def _run_here(args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch,
+              capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """``gradwatch <args>`` in this process (the command's own ``main``, which the console
+    script exits with): the exit code and stderr. For tests of what ``run`` decides; each
+    torch process started costs seconds of torch's and torch._dynamo's imports, and the
+    subprocess tests above already hold the process's exit code to ``main``'s."""
+    from gradwatch.cli import main
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv("GRADWATCH_SERVER", raising=False)
+    monkeypatch.delenv("GRADWATCH_LOG", raising=False)
+    capsys.readouterr()
+    rc = main(args)
+    return rc, capsys.readouterr().err
+
+
+def test_fail_on_findings_fails_a_successful_script_with_findings(
+        script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     log = str(tmp_path / "gate.jsonl")
-    bug = _run(["run", "--fail-on-findings", "--log", log, "--", str(script), "--bug"],
-               tmp_path)
-    assert bug.returncode == 1 and "1 finding" in bug.stderr
-    clean = _run(["run", "--fail-on-findings", "--log", log, "--", str(script)], tmp_path)
-    assert clean.returncode == 0
+    rc, err = _run_here(["run", "--fail-on-findings", "--log", log, "--", str(script),
+                         "--bug"], tmp_path, monkeypatch, capsys)
+    assert rc == 1 and "1 finding" in err
+    rc, _ = _run_here(["run", "--fail-on-findings", "--log", log, "--", str(script)],
+                      tmp_path, monkeypatch, capsys)
+    assert rc == 0
     # the script's own failure stays the rule
-    own = _run(["run", "--fail-on-findings", "--log", log, "--", str(script), "--bug",
-                "--exit3"], tmp_path)
-    assert own.returncode == 3
+    rc, _ = _run_here(["run", "--fail-on-findings", "--log", log, "--", str(script), "--bug",
+                       "--exit3"], tmp_path, monkeypatch, capsys)
+    assert rc == 3
     # without the flag, findings leave the exit status alone: the next test's first run
 
 
-def test_running_again_with_the_same_log_replaces_it(script: Path, tmp_path: Path) -> None:
+def test_running_again_with_the_same_log_replaces_it(
+        script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "again.jsonl"
-    first = _run(["run", "--log", str(log), "--", str(script), "--bug"], tmp_path)
-    assert first.returncode == 0 and "1 finding" in first.stderr  # no --fail-on-findings
-    assert "replaced" not in first.stderr
-    second = _run(["run", "--log", str(log), "--", str(script)], tmp_path)
-    assert f"writing the step log to {log} (replaced the step log of an earlier run)" \
-        in second.stderr
+    rc, err = _run_here(["run", "--log", str(log), "--", str(script), "--bug"], tmp_path,
+                        monkeypatch, capsys)
+    assert rc == 0 and "1 finding" in err  # no --fail-on-findings
+    assert "replaced" not in err
+    _, err = _run_here(["run", "--log", str(log), "--", str(script)], tmp_path, monkeypatch,
+                       capsys)
+    assert f"writing the step log to {log} (replaced the step log of an earlier run)" in err
     assert len([r for r in read_log(log).records if isinstance(r, Step)]) == 5
     c = _run(["check", str(log)], tmp_path)
     assert c.returncode == 0, c.stdout + c.stderr
@@ -299,11 +320,13 @@ def test_a_file_that_is_no_step_log_is_not_written_over(script: Path,
     assert notes.read_text() == "my notes\n"
 
 
-def test_check_sarif_of_a_real_run_points_into_the_script(script: Path,
-                                                          tmp_path: Path) -> None:
+def test_check_sarif_of_a_real_run_points_into_the_script(
+        script: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / ".git").mkdir()
     log = tmp_path / "s.jsonl"
-    _run(["run", "--log", str(log), "--", "train.py", "--bug"], tmp_path)
+    assert _run_here(["run", "--log", str(log), "--", "train.py", "--bug"], tmp_path,
+                     monkeypatch, capsys)[0] == 0
     r = _run(["check", "--format", "sarif", str(log)], tmp_path)
     assert r.returncode == 1, r.stderr
     [res] = json.loads(r.stdout)["runs"][0]["results"]
