@@ -110,7 +110,8 @@ def ingest_urls(server: str) -> list[str]:
     (:class:`Streamer` moves to the next when one fails).
 
     Raises:
-        ValueError: an empty list, or a URL that is not ws:// or wss://.
+        ValueError: an empty list, or a URL that is not ws:// or wss://, has no host or
+            a port outside 1-65535.
     """
     urls = [ingest_url(u.strip()) for u in server.split(",") if u.strip()]
     if not urls:
@@ -124,6 +125,14 @@ def ingest_url(server: str) -> str:
     scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
     if scheme not in ("ws", "wss"):
         raise ValueError(f"server URL must start with ws:// or wss://, got {server!r}")
+    if not parts.hostname:
+        raise ValueError(f"server URL has no host, e.g. ws://127.0.0.1:8765; got {server!r}")
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or past 65535
+        port = 0
+    if port == 0:
+        raise ValueError(f"server URL's port must be a number from 1 to 65535; got {server!r}")
     path = parts.path if parts.path not in ("", "/") else "/ws/ingest"
     return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
 

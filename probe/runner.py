@@ -112,6 +112,12 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                 f"{Path(args.log) / 'run.jsonl'}")
     if args.log is not None:
         from gradwatch.probe.autostart import is_other_file
+        from gradwatch.steplog import special_file
+
+        special = special_file(args.log)
+        if special:  # writing one waits for a reader: the training would hang
+            p.error(f"--log {args.log} is {special}, not a file; give a file path such as "
+                    f"run.jsonl")
 
         try:  # the log's folder now: a typo must not cost a training run
             folder = Path(args.log).absolute().parent

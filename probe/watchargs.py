@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gradwatch.steplog import is_compressed
+from gradwatch.steplog import is_compressed, special_file
 
 _SCHEMES = ("ws://", "wss://", "http://", "https://")
 
@@ -51,9 +51,20 @@ def validate_options(log_: Any, server: Any, run_name: Any, norms_every: Any) ->
         if Path(log_).is_dir():
             raise ValueError(f"log={str(log_)!r} is a directory; give a file path such as "
                              f"{str(Path(log_) / 'run.jsonl')!r}.")
+        special = special_file(log_)
+        if special:
+            raise ValueError(f"log={str(log_)!r} is {special}, not a file; give a file path "
+                             f"such as 'run.jsonl'.")
     if server is not None and (not isinstance(server, str) or not server.startswith(_SCHEMES)):
         raise ValueError(f"server= must be a URL starting with ws://, wss://, http:// or "
                          f"https://, e.g. 'http://127.0.0.1:8765'; got {server!r}.")
+    if server is not None:
+        from gradwatch.stream import ingest_urls  # websockets: only when streaming
+
+        try:  # a host and port the streamer can use, checked now rather than on its thread
+            ingest_urls(server)
+        except ValueError as e:
+            raise ValueError(f"server= {e}.") from None
     if server is not None and log_ is not None and is_compressed(log_):
         # the streamer tails the log as it grows; a compressed one it cannot read from an offset
         raise ValueError(f"log={str(log_)!r} would be compressed (.gz), but a log streamed to "

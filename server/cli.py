@@ -1,15 +1,18 @@
 """``gradwatch serve``: run the server (uvicorn + ``create_app``) on a data directory or a
 PostgreSQL database (``--db``).
 
-Exit codes: 0 after a clean stop, 2 for bad arguments (bad port, unusable data directory
-or database, a non-loopback address without a token, an invalid ``--import`` log).
+Exit codes: 0 after a clean stop, 2 for bad arguments (bad port, a port in use or a host
+it cannot listen on, unusable data directory or database, a non-loopback address without a
+token, an invalid ``--import`` log).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -130,6 +133,8 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
             p.error(f"--{name.replace('_', '-')} must be positive")
     if not a.interrupted_after >= 0:
         p.error("--interrupted-after must be 0 or more")
+    if a.import_only and not a.imports:
+        p.error("--import-only needs the logs to import: --import LOG")
     keep = 1
     if a.keep_param_norms is not None:
         word, n = a.keep_param_norms
@@ -196,8 +201,14 @@ def import_logs(settings: Settings, paths: Sequence[str]) -> int:
     from gradwatch.server.errors import Refused
     from gradwatch.server.importing import LogBlocks, file_blocks, validate
     from gradwatch.server.storage import Store
+    from gradwatch.steplog import special_file
 
     for path in paths:
+        special = special_file(path)
+        if special:  # read twice (validated, then stored): a pipe would hang or read empty
+            print(f"gradwatch serve: cannot import {path}: it is {special}, not a file",
+                  file=sys.stderr)
+            return 2
         try:
             with open(path, "rb") as fh:
                 for w in validate(path, file_blocks(fh), settings.max_import_bytes,
@@ -272,6 +283,11 @@ def main(argv: Sequence[str]) -> int:
     from gradwatch.server.transport import mask_tokens_in_logs, uvicorn_options
 
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    why = listen_problem(settings.host, settings.port)
+    if why is not None:
+        print(f"gradwatch serve: cannot listen on {host}:{settings.port}: {why}",
+              file=sys.stderr)
+        return 2
     hint = "?token=<your token>" if settings.token else ""
     print(f"gradwatch: dashboard at http://{host}:{settings.port}/{hint}  "
           f"(data in {database.where})", flush=True)
@@ -290,6 +306,29 @@ def main(argv: Sequence[str]) -> int:
         pass
     print("gradwatch serve: stopped", flush=True)
     return 0
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why the server could not listen on ``host:port`` (a name that does not resolve, an
+    address not this machine's, a port in use), or None: found before uvicorn starts, so
+    the answer is one sentence and exit code 2, not its start-up failure or a traceback."""
+    try:
+        addrs = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode
+        why = getattr(e, "strerror", None) or e
+        return f"--host {host!r} is not an address or a name of this machine ({why})"
+    for family, kind, proto, _, addr in addrs:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            try:
+                s.bind(addr)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return (f"port {port} is in use (another gradwatch serve?); pick "
+                            f"another with --port")
+                return f"{e.strerror or e} (--host {host})"
+    return None
 
 
 _SHUTDOWN_LINES = ("Shutting down", "Waiting for application shutdown",
