@@ -14,7 +14,6 @@ import os
 import stat
 import zlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import IO, Any
 
 from pydantic import ValidationError

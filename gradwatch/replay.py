@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import math
 import os
 import secrets
 import shutil
@@ -109,8 +110,8 @@ def main(argv: Sequence[str]) -> int:
     parser = _parser()
     a = parser.parse_args(argv)
     # argument errors first, then the file, then the server
-    if a.speed is not None and a.speed <= 0:
-        parser.error("--speed must be positive")
+    if a.speed is not None and not 0 < a.speed < math.inf:  # nan fails both
+        parser.error(f"--speed must be a positive number; got {a.speed}")
     if a.resume and a.name:
         parser.error("--resume keeps the run as it is; drop --name")
     try:

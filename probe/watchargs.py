@@ -55,6 +55,10 @@ def validate_options(log_: Any, server: Any, run_name: Any, norms_every: Any) ->
         if special:
             raise ValueError(f"log={str(log_)!r} is {special}, not a file; give a file path "
                              f"such as 'run.jsonl'.")
+        folder = next(p for p in Path(log_).absolute().parents if p.exists())
+        if not folder.is_dir():  # missing folders are made; one that is a file cannot be
+            raise ValueError(f"log={str(log_)!r} cannot be written: {str(folder)!r} is a "
+                             f"file, not a folder.")
     if server is not None and (not isinstance(server, str) or not server.startswith(_SCHEMES)):
         raise ValueError(f"server= must be a URL starting with ws://, wss://, http:// or "
                          f"https://, e.g. 'http://127.0.0.1:8765'; got {server!r}.")
@@ -64,7 +68,7 @@ def validate_options(log_: Any, server: Any, run_name: Any, norms_every: Any) ->
         try:  # a host and port the streamer can use, checked now rather than on its thread
             ingest_urls(server)
         except ValueError as e:
-            raise ValueError(f"server= {e}.") from None
+            raise ValueError(f"server=: {e}.") from None
     if server is not None and log_ is not None and is_compressed(log_):
         # the streamer tails the log as it grows; a compressed one it cannot read from an offset
         raise ValueError(f"log={str(log_)!r} would be compressed (.gz), but a log streamed to "

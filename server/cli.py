@@ -133,8 +133,6 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespac
             p.error(f"--{name.replace('_', '-')} must be positive")
     if not a.interrupted_after >= 0:
         p.error("--interrupted-after must be 0 or more")
-    if a.import_only and not a.imports:
-        p.error("--import-only needs the logs to import: --import LOG")
     keep = 1
     if a.keep_param_norms is not None:
         word, n = a.keep_param_norms
@@ -276,6 +274,10 @@ def main(argv: Sequence[str]) -> int:
         rc = import_logs(settings, a.imports)
         if rc or a.import_only:
             return rc
+    elif a.import_only:  # never serve when told not to, even with nothing to import
+        print("gradwatch serve: --import-only without --import LOG: nothing imported "
+              f"(the database {database.where} is ready)", file=sys.stderr)
+        return 0
     import uvicorn
 
     from gradwatch.gcpause import settle_server_heap
