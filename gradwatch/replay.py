@@ -166,7 +166,8 @@ def main(argv: Sequence[str]) -> int:
             streamer.close(timeout=a.timeout)
         stats = streamer.stats()
     if stats.disabled or stats.acked_seq < last_seq:
-        why = stats.disabled or "the server was unreachable or did not ack in time"
+        why = stats.disabled or (f"no connection ({stats.unreachable})" if stats.unreachable
+                                 else "the server did not ack in time")
         print(f"gradwatch replay: sent {stats.sent} of {n} records: {why}", file=sys.stderr)
         return 1
     print(f"sent {stats.sent} records as run {run}")
@@ -203,7 +204,8 @@ def resume(path: Path, run: str, rank: int, last_seq: int, server: str, token: s
     stats = streamer.stats()
     had = stats.server_had
     if stats.disabled or stats.acked_seq < last_seq:
-        why = stats.disabled or "the server was unreachable or did not ack in time"
+        why = stats.disabled or (f"no connection ({stats.unreachable})" if stats.unreachable
+                                 else "the server did not ack in time")
         if key is None and stats.refused == CloseCode.NOT_OWNER:
             why += (f"; the probe that wrote the log kept the stream's key in "
                     f"{key_file(path)}: put it back beside the log")

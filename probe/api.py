@@ -199,7 +199,8 @@ class WatchHandle:
         n = self.unsent
         if not n or self.streamer is None:
             return None
-        why = self.streamer.stats().disabled
+        stats = self.streamer.stats()
+        why = stats.disabled or stats.unreachable
         return (f"gradwatch: the server at {self.server} did not acknowledge {n} record"
                 f"{'s' if n != 1 else ''} of run {self.run_id}"
                 f"{f' ({why})' if why else ''}; they are in {self.path}. Send them with: "
