@@ -199,8 +199,7 @@ class WatchHandle:
         n = self.unsent
         if not n or self.streamer is None:
             return None
-        stats = self.streamer.stats()
-        why = stats.disabled or stats.unreachable
+        why = self.streamer.stats().disabled
         return (f"gradwatch: the server at {self.server} did not acknowledge {n} record"
                 f"{'s' if n != 1 else ''} of run {self.run_id}"
                 f"{f' ({why})' if why else ''}; they are in {self.path}. Send them with: "
