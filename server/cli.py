@@ -287,8 +287,7 @@ def main(argv: Sequence[str]) -> int:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     why = listen_problem(settings.host, settings.port)
     if why is not None:
-        print(f"gradwatch serve: cannot listen on {host}:{settings.port}: {why}",
-              file=sys.stderr)
+        print(f"gradwatch serve: {why}", file=sys.stderr)
         return 2
     hint = "?token=<your token>" if settings.token else ""
     print(f"gradwatch: dashboard at http://{host}:{settings.port}/{hint}  "
@@ -311,9 +310,15 @@ def main(argv: Sequence[str]) -> int:
 
 
 def listen_problem(host: str, port: int) -> str | None:
-    """Why the server could not listen on ``host:port`` (a name that does not resolve, an
-    address not this machine's, a port in use), or None: found before uvicorn starts, so
-    the answer is one sentence and exit code 2, not its start-up failure or a traceback."""
+    """Why a server could not listen on ``host:port`` (a port in use, a name that does not
+    resolve, an address not this machine's), as a sentence, or None: found before uvicorn
+    starts, so ``serve`` and ``demo`` answer with one line and exit 2, not uvicorn's
+    start-up failure (exit 3) or a traceback.
+
+    Tested the way uvicorn binds, through asyncio's ``create_server`` with
+    ``SO_REUSEADDR``: connections a server that just stopped left in TIME-WAIT do not stop
+    it, a listening socket does (a plain ``bind`` would refuse the port for a minute).
+    """
     try:
         addrs = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)
@@ -322,14 +327,15 @@ def listen_problem(host: str, port: int) -> str | None:
         return f"--host {host!r} is not an address or a name of this machine ({why})"
     for family, kind, proto, _, addr in addrs:
         with socket.socket(family, kind, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            if os.name != "nt":  # on Windows SO_REUSEADDR would share a listening port
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(addr)
             except OSError as e:
                 if e.errno == errno.EADDRINUSE:
-                    return (f"port {port} is in use (another gradwatch serve?); pick "
+                    return (f"port {port} on {host} is in use (another gradwatch?); pick "
                             f"another with --port")
-                return f"{e.strerror or e} (--host {host})"
+                return f"cannot listen on {host} port {port}: {e.strerror or e}"
     return None
 
 

@@ -194,7 +194,7 @@ def test_serve_names_a_port_in_use_and_a_host_it_cannot_listen_on(
         # exit 2 and a sentence, before the dashboard line (uvicorn exited 3 after it)
         assert main(["--port", port, *data]) == 2
         err = capsys.readouterr()
-        assert f"port {port} is in use" in err.err and "dashboard at" not in err.out
+        assert f"port {port} on 127.0.0.1 is in use" in err.err and "dashboard at" not in err.out
     for host, words in (("bad..host", "not an address or a name"),  # was a traceback
                         ("192.0.2.1", "Cannot assign requested address")):
         assert main(["--host", host, "--token", "t", "--port", port, *data]) == 2
