@@ -7,7 +7,7 @@ which ``create_app`` installs as the app's handler of :class:`Refused`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -70,13 +70,11 @@ _WHERE = {"body": "body field", "query": "query parameter", "path": "path parame
           "header": "header"}
 
 
-async def invalid_request(request: Request, exc: Exception) -> Response:
-    """The answer to a request FastAPI could not validate: 422 and ``{"detail": sentence}``
-    naming each wrong field, as every other error reads (FastAPI's own answer echoes the
-    input as JSON, which fails, a 500, on a body holding ``1e999``)."""
-    assert isinstance(exc, RequestValidationError)
+def validation_sentence(errors: Sequence[Mapping[str, Any]]) -> str:
+    """The problems FastAPI found in a request (``RequestValidationError.errors()``) as one
+    sentence naming each wrong field and what it got."""
     problems = []
-    for err in exc.errors()[:5]:
+    for err in list(errors)[:5]:
         where, *rest = [str(x) for x in err.get("loc", ())] or ["request"]
         name = (f"{_WHERE.get(where, where)} '{'.'.join(rest)}'" if rest and where == "query"
                 or rest and not rest[0].isdigit() else "the request body")
@@ -86,8 +84,15 @@ async def invalid_request(request: Request, exc: Exception) -> Response:
             continue
         shown = "" if err.get("input") in ({}, None) else f" (got {repr(err['input'])[:80]})"
         problems.append(f"{name}: {err.get('msg', 'invalid')}{shown}")
-    return JSONResponse({"detail": "; ".join(problems) or "invalid request"},
-                        status_code=422)
+    return "; ".join(problems) or "invalid request"
+
+
+async def invalid_request(request: Request, exc: Exception) -> Response:
+    """The answer to a request FastAPI could not validate: 422 and ``{"detail": sentence}``
+    naming each wrong field, as every other error reads (FastAPI's own answer echoes the
+    input as JSON, which fails, a 500, on a body holding ``1e999``)."""
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse({"detail": validation_sentence(exc.errors())}, status_code=422)
 
 
 class RunList(BaseModel):

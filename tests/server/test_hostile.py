@@ -101,3 +101,14 @@ def test_the_export_of_a_rank_the_run_lacks_is_404_not_an_empty_log(
     r = client.get("/api/runs/run1/export?rank=3")
     assert r.status_code == 404 and "no rank 3" in r.json()["detail"], r.text
     assert client.get("/api/runs/run1/export?rank=0").text.count("\n") > 5
+
+
+@pytest.mark.parametrize("query", ["max_points=abc", "norms=zz"])
+def test_a_live_socket_with_a_query_it_cannot_read_is_closed_naming_the_parameter(
+        client: TestClient, query: str) -> None:
+    client.post("/api/runs/import", content=synth.log_text(synth.records(steps=5)),
+                headers=NDJSON)
+    with client.websocket_connect(f"/ws/live?run=run1&{query}") as ws, \
+            pytest.raises(WebSocketDisconnect) as e:  # was a bare 403 at the handshake
+        ws.receive_json()
+    assert e.value.code == 1007 and query.split("=")[0] in e.value.reason, e.value.reason
