@@ -97,6 +97,9 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     if target[0] == "-m":
         if len(target) < 2:
             p.error("-m needs a module name, e.g. gradwatch run -- -m mypkg.train")
+    elif Path(target[0]).is_dir():
+        p.error(f"{target[0]} is a folder; give a script (train.py) or a module "
+                f"(-- -m package.train)")
     elif not Path(target[0]).is_file():
         # console scripts of this environment sit beside its interpreter, on PATH or not
         search = os.pathsep.join((os.environ.get("PATH", ""), os.path.dirname(sys.executable)))

@@ -113,14 +113,6 @@ def test_replay_into_a_server_that_is_not_gradwatch_says_so(tmp_path: Path) -> N
     assert "sent 0 of" in r.stderr and "is a gradwatch server listening there?" in r.stderr
 
 
-def test_run_refuses_a_named_pipe_as_its_log(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text("print('trained')\n")
-    os.mkfifo(tmp_path / "run.jsonl")  # the first write would wait for a reader forever
-    r = gw("run", "--log", str(tmp_path / "run.jsonl"), "--", str(script))
-    assert r.returncode == 2 and "named pipe" in r.stderr and "trained" not in r.stdout
-
-
 def test_run_streams_the_names_the_script_uses(tmp_path: Path) -> None:
     """``gradwatch run --server``: the server's findings and optimizers carry the variable
     names (``od``, ``D.0.weight``), the records keep the ids (``Adam#1``)."""
