@@ -112,6 +112,8 @@ def main(argv: Sequence[str]) -> int:
     # argument errors first, then the file, then the server
     if a.speed is not None and not 0 < a.speed < math.inf:  # nan fails both
         parser.error(f"--speed must be a positive number; got {a.speed}")
+    if not 0 <= a.timeout < math.inf:
+        parser.error(f"--timeout must be 0 or more seconds; got {a.timeout}")
     if a.resume and a.name:
         parser.error("--resume keeps the run as it is; drop --name")
     try:

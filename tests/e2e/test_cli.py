@@ -90,6 +90,7 @@ def test_replay_of_an_invalid_log_exits_2(tmp_path: Path) -> None:
     (["--server", "ws://127.0.0.1:99999"], "port must be a number from 1 to 65535"),  # traceback
     (["--server", "ws://"], "has no host"),  # was "Connection refused"
     (["--speed", "nan"], "--speed must be a positive number"),  # was taken as a pace
+    (["--timeout", "-1"], "--timeout must be 0 or more"),  # gave up at once, "not acked"
 ])
 def test_replay_refuses_a_bad_server_url_or_pace_as_a_usage_error(
         tmp_path: Path, args: list[str], words: str) -> None:
