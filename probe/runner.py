@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from gradwatch.cliargs import CommandParser
 from gradwatch.probe import runreport
 from gradwatch.probe.runreport import Outcome
+from gradwatch.steplog import is_compressed, special_file
 
 if TYPE_CHECKING:
     from gradwatch.probe.api import WatchHandle
@@ -110,12 +111,15 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
             p.error(f"{target[0]} is not a Python script ({found}); gradwatch run runs "
                     f"Python scripts and modules in its own process")
         target = [found, *target[1:]]
+    if args.server is not None and args.log is not None and is_compressed(args.log):
+        # the streamer tails the log as it grows; it cannot read a gzip from an offset
+        p.error(f"--log {args.log} would be compressed (.gz), but a log streamed to --server "
+                f"must be plain: drop '.gz', or compress it after the run")
     if args.log is not None and Path(args.log).is_dir():
         p.error(f"--log {args.log} is a folder; give a file path such as "
                 f"{Path(args.log) / 'run.jsonl'}")
     if args.log is not None:
         from gradwatch.probe.autostart import is_other_file
-        from gradwatch.steplog import special_file
 
         special = special_file(args.log)
         if special:  # writing one waits for a reader: the training would hang
