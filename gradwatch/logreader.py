@@ -219,9 +219,11 @@ def open_log(path: str | os.PathLike[str]) -> IO[bytes]:
     Raises:
         OSError: as ``open`` does (missing, a directory, no permission).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO's open waits for a writer
+    nonblock = getattr(os, "O_NONBLOCK", 0)  # POSIX: a FIFO's open waits for a writer
+    fd = os.open(path, os.O_RDONLY | nonblock | getattr(os, "O_BINARY", 0))
     try:
-        os.set_blocking(fd, True)  # reads wait for data again, while a writer is there
+        if nonblock:
+            os.set_blocking(fd, True)  # reads wait for data again, while a writer is there
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
