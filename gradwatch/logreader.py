@@ -163,6 +163,10 @@ def header_of(name: str, line: int, raw: bytes) -> Header:
         if not raw.lstrip().startswith(b"{"):
             raise StepLogError(name, line, "not a gradwatch step log (line 1 is not "
                                            "JSON)") from e
+        if not any(err["type"] != "union_tag_not_found" for err in e.errors()):
+            # JSON lines without the contract's "type" at the top: another tool's log
+            raise StepLogError(name, line, "not a gradwatch step log (line 1 is JSON "
+                                           "without a 'type' field: another tool's log?)") from e
         raise StepLogError(name, line, plain_error(e)) from e
     if not isinstance(rec, Header):
         raise StepLogError(name, line, f"the first line must be the header, found a "

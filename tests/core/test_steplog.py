@@ -62,6 +62,8 @@ def test_a_bad_line_in_the_middle_names_line_and_field(tmp_path: Path) -> None:
 @pytest.mark.parametrize("content, expected", [
     ("", "empty"),
     ("hello world\n", "not a gradwatch step log"),
+    ('{"level": "info", "msg": "epoch 1"}\n', "not a gradwatch step log .line 1 is JSON "
+                                              "without a 'type' field"),  # another tool's
     ('{"seq": 1, "t": 1, "type": "stats"}\n', "first line must be the header"),
 ])
 def test_unreadable_logs_say_why(tmp_path: Path, content: str, expected: str) -> None:
