@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import gzip
 import os
+import stat
 import zlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import IO, Any
 
 from pydantic import ValidationError
@@ -66,7 +66,7 @@ class LogReader:
         self._owned: IO[bytes] | None = None
         if isinstance(source, str | os.PathLike):
             try:
-                raw: IO[bytes] = Path(source).open("rb")  # noqa: SIM115 - closed by close()
+                raw: IO[bytes] = open_log(source)
             except OSError as e:
                 raise StepLogError(self.path, None,
                                    f"cannot open step log: {e.strerror or e}") from e
@@ -89,6 +89,8 @@ class LogReader:
             try:
                 raw = self._fh.readline()
             except EOFError:  # a gzip stream still being written ends mid-member
+                self.warnings.append(f"{self.path}: the compressed log ends mid-stream (the "
+                                     f"writer stopped); read what came before")
                 return
             except (OSError, zlib.error) as e:
                 raise StepLogError(self.path, self._lineno + 1,
@@ -102,6 +104,10 @@ class LogReader:
     def _read_header(self) -> Header:
         first = next(self._lines(), None)
         if first is None:
+            fh = self._owned or self._fh
+            if hasattr(fh, "fileno") and stat.S_ISFIFO(os.fstat(fh.fileno()).st_mode):
+                raise StepLogError(self.path, None, "nothing to read: a pipe that no process "
+                                                    "writes into")
             raise StepLogError(self.path, None, EMPTY)
         return header_of(self.path, *first)
 
@@ -157,6 +163,10 @@ def header_of(name: str, line: int, raw: bytes) -> Header:
         if not raw.lstrip().startswith(b"{"):
             raise StepLogError(name, line, "not a gradwatch step log (line 1 is not "
                                            "JSON)") from e
+        if not any(err["type"] != "union_tag_not_found" for err in e.errors()):
+            # JSON lines without the contract's "type" at the top: another tool's log
+            raise StepLogError(name, line, "not a gradwatch step log (line 1 is JSON "
+                                           "without a 'type' field: another tool's log?)") from e
         raise StepLogError(name, line, plain_error(e)) from e
     if not isinstance(rec, Header):
         raise StepLogError(name, line, f"the first line must be the header, found a "
@@ -203,6 +213,25 @@ def _one(name: str, line: int, raw: bytes, v: int, warnings: list[str]) -> Any:
         warnings.append(f"{name}:{line}: last line is truncated (the writer stopped "
                         f"mid-line); ignored it")
         return None
+
+
+def open_log(path: str | os.PathLike[str]) -> IO[bytes]:
+    """``path`` opened to read bytes; a named pipe no process writes into reads as empty
+    at once instead of waiting forever for a writer (``check <(zcat run.jsonl.gz)`` still
+    reads its pipe to the end).
+
+    Raises:
+        OSError: as ``open`` does (missing, a directory, no permission).
+    """
+    nonblock = getattr(os, "O_NONBLOCK", 0)  # POSIX: a FIFO's open waits for a writer
+    fd = os.open(path, os.O_RDONLY | nonblock | getattr(os, "O_BINARY", 0))
+    try:
+        if nonblock:
+            os.set_blocking(fd, True)  # reads wait for data again, while a writer is there
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _maybe_gzip(raw: IO[bytes]) -> IO[bytes]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import math
 import os
 import secrets
 import shutil
@@ -109,8 +110,10 @@ def main(argv: Sequence[str]) -> int:
     parser = _parser()
     a = parser.parse_args(argv)
     # argument errors first, then the file, then the server
-    if a.speed is not None and a.speed <= 0:
-        parser.error("--speed must be positive")
+    if a.speed is not None and not 0 < a.speed < math.inf:  # nan fails both
+        parser.error(f"--speed must be a positive number; got {a.speed}")
+    if not 0 <= a.timeout < math.inf:
+        parser.error(f"--timeout must be 0 or more seconds; got {a.timeout}")
     if a.resume and a.name:
         parser.error("--resume keeps the run as it is; drop --name")
     try:
@@ -165,7 +168,8 @@ def main(argv: Sequence[str]) -> int:
             streamer.close(timeout=a.timeout)
         stats = streamer.stats()
     if stats.disabled or stats.acked_seq < last_seq:
-        why = stats.disabled or "the server was unreachable or did not ack in time"
+        why = stats.disabled or (f"no connection ({stats.unreachable})" if stats.unreachable
+                                 else "the server did not ack in time")
         print(f"gradwatch replay: sent {stats.sent} of {n} records: {why}", file=sys.stderr)
         return 1
     print(f"sent {stats.sent} records as run {run}")
@@ -202,7 +206,8 @@ def resume(path: Path, run: str, rank: int, last_seq: int, server: str, token: s
     stats = streamer.stats()
     had = stats.server_had
     if stats.disabled or stats.acked_seq < last_seq:
-        why = stats.disabled or "the server was unreachable or did not ack in time"
+        why = stats.disabled or (f"no connection ({stats.unreachable})" if stats.unreachable
+                                 else "the server did not ack in time")
         if key is None and stats.refused == CloseCode.NOT_OWNER:
             why += (f"; the probe that wrote the log kept the stream's key in "
                     f"{key_file(path)}: put it back beside the log")

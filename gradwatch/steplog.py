@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,21 @@ class StepLog:
 def is_compressed(path: str | os.PathLike[str]) -> bool:
     """A log at ``path`` is written gzip-compressed (its name ends in ``.gz``)."""
     return str(path).endswith(".gz")
+
+
+def special_file(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is when it is a named pipe or a socket (``"a named pipe (FIFO)"``), else
+    None: a step log cannot be written there (opening a pipe to write waits for a reader:
+    training would hang at its first step)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return None
 
 
 def read_log(path: str | os.PathLike[str] | IO[bytes], name: str | None = None) -> StepLog:

@@ -27,7 +27,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidMessage,
+    InvalidStatus,
+)
 from websockets.sync.client import ClientConnection, connect
 
 from gradwatch.frames import Ack, CloseCode, Hello, Resume
@@ -75,6 +80,9 @@ class StreamStats:
     """Spool bytes not acked yet (as of :meth:`Streamer.close`)."""
     disabled: str | None = None
     """Why the streamer gave up, if it did (the records stay in the spool)."""
+    unreachable: str | None = None
+    """Why the last connection attempt failed (``URL: reason``), while none has succeeded
+    since; None once connected."""
     refused: CloseCode | None = None
     """The close code of the server's refusal that stopped the streamer, if one did."""
 
@@ -110,7 +118,8 @@ def ingest_urls(server: str) -> list[str]:
     (:class:`Streamer` moves to the next when one fails).
 
     Raises:
-        ValueError: an empty list, or a URL that is not ws:// or wss://.
+        ValueError: an empty list, or a URL that is not ws:// or wss://, has no host or
+            a port outside 1-65535.
     """
     urls = [ingest_url(u.strip()) for u in server.split(",") if u.strip()]
     if not urls:
@@ -124,6 +133,14 @@ def ingest_url(server: str) -> str:
     scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
     if scheme not in ("ws", "wss"):
         raise ValueError(f"server URL must start with ws:// or wss://, got {server!r}")
+    if not parts.hostname:
+        raise ValueError(f"server URL has no host, e.g. ws://127.0.0.1:8765; got {server!r}")
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or past 65535
+        port = 0
+    if port == 0:
+        raise ValueError(f"server URL's port must be a number from 1 to 65535; got {server!r}")
     path = parts.path if parts.path not in ("", "/") else "/ws/ingest"
     return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
 
@@ -264,6 +281,7 @@ class Streamer:
         elif self._stats.reconnects == 0 and not self._stats.connected:
             log.info("gradwatch streamer: connected to %s", self.url)
         self._stats.connected = True
+        self._stats.unreachable = None
         if self._stats.server_had is None:
             self._stats.server_had = resume.seq
         self._inflight.clear()
@@ -311,6 +329,7 @@ class Streamer:
                             self.url, reason, self.spool)
         else:
             log.debug("gradwatch streamer: no connection to %s: %s", self.url, e)
+            self._stats.unreachable = f"{self.url}: {_why(e)}"
             if not self._unreachable_said and not self._stopping:
                 # Said at once (a refused connection fails at once, a silent host within
                 # the 3 s open timeout), and once per outage: training goes on meanwhile.
@@ -376,4 +395,9 @@ def _why(e: BaseException) -> str:
     """A connection failure in a few words."""
     if isinstance(e, OSError) and e.strerror:
         return e.strerror
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if isinstance(e, InvalidMessage) or (isinstance(e, InvalidStatus)
+                                         and status not in (401, 403, 429, 503)):
+        # something answers there, but not as a gradwatch server's ingest socket does
+        return f"{e}: is a gradwatch server listening there?"
     return str(e) or type(e).__name__

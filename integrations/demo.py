@@ -11,12 +11,10 @@ keeps running until Ctrl-C.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,36 +25,11 @@ from typing import Any
 
 from gradwatch.cliargs import CommandParser, summary
 from gradwatch.replay import dashboard_url
+from gradwatch.server.cli import listen_problem
 
 log = logging.getLogger("gradwatch.demo")
 
 PHASES = ("correct", "forgot_zero_grad", "late_reset", "accumulation")
-
-
-def _port_in_use(host: str, port: int) -> bool:
-    """Whether something listens on ``host:port``, tested the way the server binds it.
-
-    uvicorn binds through asyncio's ``create_server``, which sets ``SO_REUSEADDR``: the
-    connections a server that just stopped leaves in TIME-WAIT do not stop it, a listening
-    socket does. A plain ``bind`` would refuse the port for a minute after every stop. Only
-    "address in use" counts; any other failure (an address not on this machine) is left to
-    the server's own bind, which says what is wrong.
-    """
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
-    except OSError:
-        return False
-    for family, kind, proto, _, addr in infos:
-        with socket.socket(family, kind, proto) as s:
-            if os.name != "nt":  # on Windows SO_REUSEADDR would share a listening port
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(addr)
-            except OSError as e:
-                if e.errno == errno.EADDRINUSE:
-                    return True
-    return False
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -186,9 +159,12 @@ def main(argv: Sequence[str]) -> int:
         parser.error(f"--port must be 1-65535, got {args.port}")
     if args.steps_per_phase < 1:
         parser.error("--steps-per-phase must be at least 1")
-    if _port_in_use(args.host, args.port):
-        print(f"gradwatch demo: port {args.port} on {args.host} is in use (another gradwatch?)"
-              f"; pick another with --port or GRADWATCH_PORT", file=sys.stderr)
+    if not args.pace >= 0:  # nan fails too
+        parser.error(f"--pace must be 0 or more seconds, got {args.pace}")
+    why = listen_problem(args.host, args.port)
+    if why is not None:
+        hint = " or GRADWATCH_PORT" if why.endswith("--port") else ""
+        print(f"gradwatch demo: {why}{hint}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     url = f"http://{args.host}:{args.port}"

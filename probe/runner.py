@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from gradwatch.cliargs import CommandParser
 from gradwatch.probe import runreport
 from gradwatch.probe.runreport import Outcome
+from gradwatch.steplog import is_compressed, special_file
 
 if TYPE_CHECKING:
     from gradwatch.probe.api import WatchHandle
@@ -97,6 +98,9 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     if target[0] == "-m":
         if len(target) < 2:
             p.error("-m needs a module name, e.g. gradwatch run -- -m mypkg.train")
+    elif Path(target[0]).is_dir():
+        p.error(f"{target[0]} is a folder; give a script (train.py) or a module "
+                f"(-- -m package.train)")
     elif not Path(target[0]).is_file():
         # console scripts of this environment sit beside its interpreter, on PATH or not
         search = os.pathsep.join((os.environ.get("PATH", ""), os.path.dirname(sys.executable)))
@@ -107,11 +111,20 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
             p.error(f"{target[0]} is not a Python script ({found}); gradwatch run runs "
                     f"Python scripts and modules in its own process")
         target = [found, *target[1:]]
+    if args.server is not None and args.log is not None and is_compressed(args.log):
+        # the streamer tails the log as it grows; it cannot read a gzip from an offset
+        p.error(f"--log {args.log} would be compressed (.gz), but a log streamed to --server "
+                f"must be plain: drop '.gz', or compress it after the run")
     if args.log is not None and Path(args.log).is_dir():
         p.error(f"--log {args.log} is a folder; give a file path such as "
                 f"{Path(args.log) / 'run.jsonl'}")
     if args.log is not None:
         from gradwatch.probe.autostart import is_other_file
+
+        special = special_file(args.log)
+        if special:  # writing one waits for a reader: the training would hang
+            p.error(f"--log {args.log} is {special}, not a file; give a file path such as "
+                    f"run.jsonl")
 
         try:  # the log's folder now: a typo must not cost a training run
             folder = Path(args.log).absolute().parent

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gradwatch.steplog import is_compressed
+from gradwatch.steplog import is_compressed, special_file
 
 _SCHEMES = ("ws://", "wss://", "http://", "https://")
 
@@ -51,9 +51,19 @@ def validate_options(log_: Any, server: Any, run_name: Any, norms_every: Any) ->
         if Path(log_).is_dir():
             raise ValueError(f"log={str(log_)!r} is a directory; give a file path such as "
                              f"{str(Path(log_) / 'run.jsonl')!r}.")
+        special = special_file(log_)
+        if special:
+            raise ValueError(f"log={str(log_)!r} is {special}, not a file; give a file path "
+                             f"such as 'run.jsonl'.")
+        folder = next(p for p in Path(log_).absolute().parents if p.exists())
+        if not folder.is_dir():  # missing folders are made; one that is a file cannot be
+            raise ValueError(f"log={str(log_)!r} cannot be written: {str(folder)!r} is a "
+                             f"file, not a folder.")
     if server is not None and (not isinstance(server, str) or not server.startswith(_SCHEMES)):
         raise ValueError(f"server= must be a URL starting with ws://, wss://, http:// or "
                          f"https://, e.g. 'http://127.0.0.1:8765'; got {server!r}.")
+    if server is not None:
+        _check_server_urls(server)
     if server is not None and log_ is not None and is_compressed(log_):
         # the streamer tails the log as it grows; a compressed one it cannot read from an offset
         raise ValueError(f"log={str(log_)!r} would be compressed (.gz), but a log streamed to "
@@ -63,6 +73,23 @@ def validate_options(log_: Any, server: Any, run_name: Any, norms_every: Any) ->
     if isinstance(norms_every, bool) or not isinstance(norms_every, int) or norms_every < 0:
         raise ValueError(f"norms_every= must be an int >= 0 (1 = every step, N = every Nth "
                          f"step, 0 = never); got {norms_every!r}.")
+
+
+def _check_server_urls(server: str) -> None:
+    """A host and port the streamer can use in every URL of ``server``, checked at the call
+    rather than failing on the streamer's thread.
+
+    Raises:
+        ValueError: a URL without a host or with a port outside 1-65535.
+    """
+    try:  # websockets: only when streaming
+        from gradwatch.stream import ingest_urls
+    except ImportError:  # a broken install: the handle says it cannot stream, and logs
+        return
+    try:
+        ingest_urls(server)
+    except ValueError as e:
+        raise ValueError(f"server=: {e}.") from None
 
 
 def validate(optimizer_or_list: Any, model: Any, log_: Any, server: Any, run_name: Any,

@@ -7,11 +7,12 @@ which ``create_app`` installs as the app's handler of :class:`Refused`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
@@ -63,6 +64,35 @@ async def refused(request: Request, exc: Exception) -> Response:
     """The answer to a refusal: its status and ``{"detail": reason}``."""
     assert isinstance(exc, Refused)
     return JSONResponse({"detail": exc.reason}, status_code=STATUS.get(type(exc), 400))
+
+
+_WHERE = {"body": "body field", "query": "query parameter", "path": "path parameter",
+          "header": "header"}
+
+
+def validation_sentence(errors: Sequence[Mapping[str, Any]]) -> str:
+    """The problems FastAPI found in a request (``RequestValidationError.errors()``) as one
+    sentence naming each wrong field and what it got."""
+    problems = []
+    for err in list(errors)[:5]:
+        where, *rest = [str(x) for x in err.get("loc", ())] or ["request"]
+        name = (f"{_WHERE.get(where, where)} '{'.'.join(rest)}'" if rest and where == "query"
+                or rest and not rest[0].isdigit() else "the request body")
+        if err.get("type") == "json_invalid":
+            why = (err.get("ctx") or {}).get("error", "")
+            problems.append(f"the request body is not valid JSON ({why})")
+            continue
+        shown = "" if err.get("input") in ({}, None) else f" (got {repr(err['input'])[:80]})"
+        problems.append(f"{name}: {err.get('msg', 'invalid')}{shown}")
+    return "; ".join(problems) or "invalid request"
+
+
+async def invalid_request(request: Request, exc: Exception) -> Response:
+    """The answer to a request FastAPI could not validate: 422 and ``{"detail": sentence}``
+    naming each wrong field, as every other error reads (FastAPI's own answer echoes the
+    input as JSON, which fails, a 500, on a body holding ``1e999``)."""
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse({"detail": validation_sentence(exc.errors())}, status_code=422)
 
 
 class RunList(BaseModel):
@@ -227,6 +257,12 @@ async def export(run_id: str, request: Request, format: Literal["jsonl", "csv"] 
     """The run as a step log (JSON Lines, one rank) or as CSV of step rows."""
     reader = _runs(request).reader
     if format == "jsonl":
+        summary = await asyncio.to_thread(reader.summary, run_id)
+        if summary is None:
+            raise _missing(run_id)
+        if rank not in summary.ranks:  # an empty file would read as a log, and none
+            raise HTTPException(404, f"run '{run_id}' has no rank {rank} (its ranks: "
+                                     f"{', '.join(map(str, summary.ranks)) or 'none yet'})")
         lines = await asyncio.to_thread(reader.export_lines, run_id, rank)
         media, ext = "application/x-ndjson", "jsonl"
     else:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError, WebSocketRequestValidationError
 
 from gradwatch import __version__
 from gradwatch.server import api, web, ws
@@ -47,6 +48,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.include_router(api.router)
     app.add_exception_handler(Refused, api.refused)
+    app.add_exception_handler(RequestValidationError, api.invalid_request)
+    app.add_exception_handler(WebSocketRequestValidationError, ws.invalid_handshake)
     app.include_router(ws.router)
     web.mount(app)
     app.add_middleware(Guard, settings=settings)

@@ -1,15 +1,18 @@
 """``gradwatch serve``: run the server (uvicorn + ``create_app``) on a data directory or a
 PostgreSQL database (``--db``).
 
-Exit codes: 0 after a clean stop, 2 for bad arguments (bad port, unusable data directory
-or database, a non-loopback address without a token, an invalid ``--import`` log).
+Exit codes: 0 after a clean stop, 2 for bad arguments (bad port, a port in use or a host
+it cannot listen on, unusable data directory or database, a non-loopback address without a
+token, an invalid ``--import`` log).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -196,8 +199,14 @@ def import_logs(settings: Settings, paths: Sequence[str]) -> int:
     from gradwatch.server.errors import Refused
     from gradwatch.server.importing import LogBlocks, file_blocks, validate
     from gradwatch.server.storage import Store
+    from gradwatch.steplog import special_file
 
     for path in paths:
+        special = special_file(path)
+        if special:  # read twice (validated, then stored): a pipe would hang or read empty
+            print(f"gradwatch serve: cannot import {path}: it is {special}, not a file",
+                  file=sys.stderr)
+            return 2
         try:
             with open(path, "rb") as fh:
                 for w in validate(path, file_blocks(fh), settings.max_import_bytes,
@@ -265,6 +274,10 @@ def main(argv: Sequence[str]) -> int:
         rc = import_logs(settings, a.imports)
         if rc or a.import_only:
             return rc
+    elif a.import_only:  # never serve when told not to, even with nothing to import
+        print("gradwatch serve: --import-only without --import LOG: nothing imported "
+              f"(the database {database.where} is ready)", file=sys.stderr)
+        return 0
     import uvicorn
 
     from gradwatch.gcpause import settle_server_heap
@@ -272,6 +285,10 @@ def main(argv: Sequence[str]) -> int:
     from gradwatch.server.transport import mask_tokens_in_logs, uvicorn_options
 
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    why = listen_problem(settings.host, settings.port)
+    if why is not None:
+        print(f"gradwatch serve: {why}", file=sys.stderr)
+        return 2
     hint = "?token=<your token>" if settings.token else ""
     print(f"gradwatch: dashboard at http://{host}:{settings.port}/{hint}  "
           f"(data in {database.where})", flush=True)
@@ -290,6 +307,36 @@ def main(argv: Sequence[str]) -> int:
         pass
     print("gradwatch serve: stopped", flush=True)
     return 0
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on ``host:port`` (a port in use, a name that does not
+    resolve, an address not this machine's), as a sentence, or None: found before uvicorn
+    starts, so ``serve`` and ``demo`` answer with one line and exit 2, not uvicorn's
+    start-up failure (exit 3) or a traceback.
+
+    Tested the way uvicorn binds, through asyncio's ``create_server`` with
+    ``SO_REUSEADDR``: connections a server that just stopped left in TIME-WAIT do not stop
+    it, a listening socket does (a plain ``bind`` would refuse the port for a minute).
+    """
+    try:
+        addrs = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode
+        why = getattr(e, "strerror", None) or e
+        return f"--host {host!r} is not an address or a name of this machine ({why})"
+    for family, kind, proto, _, addr in addrs:
+        with socket.socket(family, kind, proto) as s:
+            if os.name != "nt":  # on Windows SO_REUSEADDR would share a listening port
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(addr)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return (f"port {port} on {host} is in use (another gradwatch?); pick "
+                            f"another with --port")
+                return f"cannot listen on {host} port {port}: {e.strerror or e}"
+    return None
 
 
 _SHUTDOWN_LINES = ("Shutting down", "Waiting for application shutdown",

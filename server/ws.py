@@ -14,9 +14,11 @@ import contextlib
 import logging
 
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
+from fastapi.exceptions import WebSocketRequestValidationError
 
 from gradwatch.frames import CloseCode, RunsFrame, SnapshotFrame, frame_json
 from gradwatch.server import ws_close
+from gradwatch.server.api import validation_sentence
 from gradwatch.server.errors import Refused
 from gradwatch.server.fanout import Client
 from gradwatch.server.limits import within
@@ -26,6 +28,15 @@ from gradwatch.server.ws_ingest import IngestSession
 
 log = logging.getLogger(__name__)
 router = APIRouter()
+
+
+async def invalid_handshake(ws: WebSocket, exc: Exception) -> None:
+    """A websocket whose query FastAPI could not validate (``/ws/live?max_points=abc``):
+    accepted, then closed 1007 with a reason naming the field (FastAPI's own answer refuses
+    the handshake, which a client sees as a bare 403)."""
+    assert isinstance(exc, WebSocketRequestValidationError)
+    await ws.accept()
+    await ws.close(CloseCode.INVALID, ws_close.short(validation_sentence(exc.errors())))
 
 
 @router.websocket("/ws/ingest")

@@ -197,3 +197,11 @@ def test_sarif_output_is_one_result_per_finding(tmp_path: Path) -> None:
     assert run["originalUriBaseIds"]["%SRCROOT%"]["uri"] == tmp_path.resolve().as_uri() + "/"
     assert check(str(write(tmp_path / "ok.jsonl", clean_log())), "--format", "sarif",
                  cwd=tmp_path).returncode == 0
+
+
+def test_a_log_read_from_a_pipe_is_judged_to_its_end(tmp_path: Path) -> None:
+    # check <(zcat run.jsonl.gz): the pipe has a writer; read it to the end, no error
+    text = write(tmp_path / "run.jsonl", missed_reset_log()).read_text()
+    r = subprocess.run([sys.executable, "-m", "gradwatch.cli", "check", "/dev/stdin"],
+                       input=text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "missed_reset" in r.stdout, r.stderr

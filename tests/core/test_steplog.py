@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import stat
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,8 @@ def test_a_bad_line_in_the_middle_names_line_and_field(tmp_path: Path) -> None:
 @pytest.mark.parametrize("content, expected", [
     ("", "empty"),
     ("hello world\n", "not a gradwatch step log"),
+    ('{"level": "info", "msg": "epoch 1"}\n', "not a gradwatch step log .line 1 is JSON "
+                                              "without a 'type' field"),  # another tool's
     ('{"seq": 1, "t": 1, "type": "stats"}\n', "first line must be the header"),
 ])
 def test_unreadable_logs_say_why(tmp_path: Path, content: str, expected: str) -> None:
@@ -73,6 +76,24 @@ def test_unreadable_logs_say_why(tmp_path: Path, content: str, expected: str) ->
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StepLogError, match="cannot open"):
         read_log(tmp_path / "nope.jsonl")
+
+
+def test_a_named_pipe_nobody_writes_into_is_an_error_at_once_not_a_hang(
+        tmp_path: Path) -> None:
+    fifo = tmp_path / "run.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(StepLogError, match="a pipe that no process writes into"):
+        read_log(fifo)  # an open that waited for a writer would never return
+
+
+def test_a_compressed_log_cut_mid_stream_is_read_up_to_the_cut_and_said(
+        tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl.gz"
+    whole = gzip.compress(_lines_of(clean_log(40)).encode())
+    path.write_bytes(whole[:len(whole) // 2])
+    log = read_log(path)
+    assert log.records and log.records[-1].type != "end"
+    assert any("compressed log ends mid-stream" in w for w in log.warnings), log.warnings
 
 
 def test_a_new_step_log_is_readable_by_its_owner_only(tmp_path: Path) -> None:

@@ -86,6 +86,34 @@ def test_replay_of_an_invalid_log_exits_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "bad.jsonl:1" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize(("args", "words"), [
+    (["--server", "ws://127.0.0.1:99999"], "port must be a number from 1 to 65535"),  # traceback
+    (["--server", "ws://"], "has no host"),  # was "Connection refused"
+    (["--speed", "nan"], "--speed must be a positive number"),  # was taken as a pace
+    (["--timeout", "-1"], "--timeout must be 0 or more"),  # gave up at once, "not acked"
+])
+def test_replay_refuses_a_bad_server_url_or_pace_as_a_usage_error(
+        tmp_path: Path, args: list[str], words: str) -> None:
+    r = gw("replay", str(write_log(tmp_path / "run.jsonl", steps=5)), *args)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_replay_into_a_server_that_is_not_gradwatch_says_so(tmp_path: Path) -> None:
+    import http.server
+    import threading
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        r = gw("replay", str(write_log(tmp_path / "run.jsonl", steps=5)), "--fast",
+               "--timeout", "2", "--server", f"ws://127.0.0.1:{web.server_address[1]}")
+    finally:
+        web.shutdown()
+        web.server_close()
+    assert r.returncode == 1, r.stderr
+    assert "sent 0 of" in r.stderr and "is a gradwatch server listening there?" in r.stderr
+
+
 def test_run_streams_the_names_the_script_uses(tmp_path: Path) -> None:
     """``gradwatch run --server``: the server's findings and optimizers carry the variable
     names (``od``, ``D.0.weight``), the records keep the ids (``Adam#1``)."""

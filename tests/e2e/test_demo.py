@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -54,6 +56,19 @@ def test_demo_refuses_a_bad_port() -> None:
     r = subprocess.run([sys.executable, "-m", "gradwatch.cli", "demo", "--port", "70000"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--port must be 1-65535" in r.stderr
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--pace", "-1"], "--pace must be 0 or more"),  # a traceback from time.sleep, mid-run
+    (["--host", "bad..host"], "not an address or a name"),  # a traceback from getaddrinfo
+])
+def test_demo_refuses_a_bad_pace_or_host_before_it_starts(
+        tmp_path: Path, args: list[str], words: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "gradwatch.cli", "demo", "--once", *args,
+                        "--port", str(free_port()), "--data", str(tmp_path / "d")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "dashboard" not in r.stdout
 
 
 def test_sigterm_stops_the_demo_and_its_server(tmp_path: Path) -> None:

@@ -435,6 +435,20 @@ def test_worker_processes_the_script_starts_are_watched(tmp_path: Path, method: 
         ("missed_reset", 2)]
 
 
+def test_a_pipe_log_a_folder_script_or_a_gz_log_to_stream_is_refused_before_it_runs(
+        script: Path, tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe.jsonl")  # the first write would wait for a reader forever
+    r = _run(["run", "--log", "pipe.jsonl", "--", str(script)], tmp_path)
+    assert r.returncode == 2 and "named pipe" in r.stderr and "trained" not in r.stdout
+    (tmp_path / "pkg").mkdir()
+    r = _run(["run", "--", "pkg"], tmp_path)  # was "script not found"
+    assert r.returncode == 2 and "pkg is a folder" in r.stderr, r.stderr
+    # --server with a .gz log: refused as watch() refuses it (it streamed nothing, said late)
+    r = _run(["run", "--log", "run.jsonl.gz", "--server", "ws://127.0.0.1:9", "--",
+              str(script)], tmp_path)
+    assert r.returncode == 2 and "must be plain" in r.stderr and "trained" not in r.stdout
+
+
 def test_an_unwritable_log_is_refused_before_the_script_runs(script: Path,
                                                              tmp_path: Path) -> None:
     r = _run(["run", "--log", "/proc/gradwatch-nope/run.jsonl", "--", str(script)], tmp_path)

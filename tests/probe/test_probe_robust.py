@@ -4,6 +4,7 @@ restores every hook and wrapper."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,11 @@ def _opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     (lambda o, m: gradwatch.watch(o, log=123), TypeError, "file path"),
     (lambda o, m: gradwatch.watch(o, log="."), ValueError, "directory"),
     (lambda o, m: gradwatch.watch(o, names=["a", "b"]), ValueError, "one name per"),
+    # caught at the call, not on the streamer thread (it crashed there) or in the writer
+    (lambda o, m: gradwatch.watch(o, server="ws://127.0.0.1:99999"), ValueError, "port"),
+    (lambda o, m: gradwatch.watch(o, server="http://"), ValueError, "no host"),
+    (lambda o, m: gradwatch.watch(o, log=__file__ + "/run.jsonl"), ValueError,
+     "is a file, not a folder"),
 ])
 def test_bad_arguments_raise_at_once(call: Any, exc: type, words: str) -> None:
     m, opt = _opt()
@@ -41,6 +47,15 @@ def test_bad_arguments_raise_at_once(call: Any, exc: type, words: str) -> None:
         call(opt, m)
     assert torch.optim.Optimizer.zero_grad.__name__ == "zero_grad"
     assert not hasattr(torch.optim.Optimizer.zero_grad, "__gradwatch_original__")
+
+
+def test_a_log_path_that_is_a_named_pipe_is_refused_at_once(tmp_path: Path) -> None:
+    # opening a pipe to write waits for a reader: the first step would hang forever
+    fifo = tmp_path / "run.jsonl"
+    os.mkfifo(fifo)
+    _, opt = _opt()
+    with pytest.raises(ValueError, match="named pipe"):
+        gradwatch.watch(opt, log=fifo)
 
 
 def _hook_state(m: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[Any, ...]:

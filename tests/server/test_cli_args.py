@@ -178,3 +178,39 @@ def test_a_password_in_db_is_masked_and_warned_about_but_not_from_the_environmen
     monkeypatch.delenv("GRADWATCH_DB")
     settings_from_args([*data, "--db", url])
     assert "visible in ps" in caplog.text
+
+
+def test_serve_names_a_port_in_use_and_a_host_it_cannot_listen_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from gradwatch.server.cli import main
+
+    data = ["--data", str(tmp_path)]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        # exit 2 and a sentence, before the dashboard line (uvicorn exited 3 after it)
+        assert main(["--port", port, *data]) == 2
+        err = capsys.readouterr()
+        assert f"port {port} on 127.0.0.1 is in use" in err.err and "dashboard at" not in err.out
+    for host, words in (("bad..host", "not an address or a name"),  # was a traceback
+                        ("192.0.2.1", "Cannot assign requested address")):
+        assert main(["--host", host, "--token", "t", "--port", port, *data]) == 2
+        assert words in capsys.readouterr().err
+
+
+def test_import_only_never_serves_and_a_pipe_is_not_imported(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from gradwatch.server.cli import main
+
+    data = ["--data", str(tmp_path / "data")]
+    assert main([*data, "--import-only"]) == 0  # it started serving before
+    assert "nothing imported" in capsys.readouterr().err
+    fifo = tmp_path / "run.jsonl"
+    os.mkfifo(fifo)  # read twice, validated then stored: a pipe would hang the first read
+    assert main([*data, "--import", str(fifo), "--import-only"]) == 2
+    assert "named pipe" in capsys.readouterr().err

@@ -68,3 +68,47 @@ def test_hostile_frame_fields_and_queries_get_clear_answers(client: TestClient) 
         r = client.get(f"/api/runs/run1/{q}")
         assert r.status_code == 422, q
     assert client.get("/api/runs/run1/steps").json() == before
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ('{"notes": 1e999}', "body field 'notes'"),  # was a 500: the answer echoed inf as JSON
+    ('{"name": 5}', "body field 'name'"),
+    ('{"name": "x"', "not valid JSON"),
+    ("[]", "the request body"),
+])
+def test_a_bad_request_body_gets_a_422_sentence_naming_the_field(
+        client: TestClient, body: str, words: str) -> None:
+    client.post("/api/runs/import", content=synth.log_text(synth.records(steps=5)),
+                headers=NDJSON)
+    before = client.get("/api/runs/run1/steps").json()
+    r = client.patch("/api/runs/run1", content=body,
+                     headers={"content-type": "application/json"})
+    assert r.status_code == 422 and isinstance(r.json()["detail"], str), r.text
+    assert words in r.json()["detail"]
+    assert client.get("/api/runs/run1/steps").json() == before
+    assert client.get("/api/runs/run1").json()["name"] == "run1"
+
+
+def test_a_query_422_is_a_sentence_too(client: TestClient) -> None:
+    r = client.get("/api/runs/run1/steps?start=abc")
+    assert r.status_code == 422 and "query parameter 'start'" in r.json()["detail"], r.text
+
+
+def test_the_export_of_a_rank_the_run_lacks_is_404_not_an_empty_log(
+        client: TestClient) -> None:
+    client.post("/api/runs/import", content=synth.log_text(synth.records(steps=5)),
+                headers=NDJSON)
+    r = client.get("/api/runs/run1/export?rank=3")
+    assert r.status_code == 404 and "no rank 3" in r.json()["detail"], r.text
+    assert client.get("/api/runs/run1/export?rank=0").text.count("\n") > 5
+
+
+@pytest.mark.parametrize("query", ["max_points=abc", "norms=zz"])
+def test_a_live_socket_with_a_query_it_cannot_read_is_closed_naming_the_parameter(
+        client: TestClient, query: str) -> None:
+    client.post("/api/runs/import", content=synth.log_text(synth.records(steps=5)),
+                headers=NDJSON)
+    with client.websocket_connect(f"/ws/live?run=run1&{query}") as ws, \
+            pytest.raises(WebSocketDisconnect) as e:  # was a bare 403 at the handshake
+        ws.receive_json()
+    assert e.value.code == 1007 and query.split("=")[0] in e.value.reason, e.value.reason
