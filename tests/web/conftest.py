@@ -99,6 +99,10 @@ async def page(
     marker = request.node.get_closest_marker("chromium_args")
     browser = await browsers(tuple(marker.args) if marker else ())
     context = await browser.new_context(viewport={"width": 1400, "height": 1000})
+    # A guard against hangs, not a speed check: a worker's first page (a cold Chromium
+    # parsing plotly) at the start of the suite, beside the heaviest tests, took over
+    # Playwright's default 30 s once.
+    context.set_default_timeout(90_000)
     raw = await context.new_page()
     wrapped = Page(raw)
     raw.on("pageerror", lambda e: wrapped.errors.append(str(e)))
