@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 from gradwatch.cliargs import CommandParser, summary
 from gradwatch.frames import CloseCode
 from gradwatch.steplog import GZIP_MAGIC, LogReader, StepLogError, StepLogWriter
-from gradwatch.stream import Streamer, ingest_urls, reachable
+from gradwatch.stream import Streamer, StreamStats, ingest_urls, reachable
 from gradwatch.streamkey import UnsafeKeyFile, key_file, new_key, read_key
 
 
@@ -168,12 +168,20 @@ def main(argv: Sequence[str]) -> int:
             streamer.close(timeout=a.timeout)
         stats = streamer.stats()
     if stats.disabled or stats.acked_seq < last_seq:
-        why = stats.disabled or (f"no connection ({stats.unreachable})" if stats.unreachable
-                                 else "the server did not ack in time")
+        why = _unsent_why(stats)
         print(f"gradwatch replay: sent {stats.sent} of {n} records: {why}", file=sys.stderr)
         return 1
     print(f"sent {stats.sent} records as run {run}")
     return 0
+
+
+def _unsent_why(stats: StreamStats) -> str:
+    """Why a replay left records unacked, in a few words."""
+    if stats.disabled:
+        return stats.disabled
+    if stats.unreachable:
+        return f"no connection ({stats.unreachable})"
+    return "the server did not ack in time"
 
 
 def resume(path: Path, run: str, rank: int, last_seq: int, server: str, token: str | None,
@@ -206,8 +214,7 @@ def resume(path: Path, run: str, rank: int, last_seq: int, server: str, token: s
     stats = streamer.stats()
     had = stats.server_had
     if stats.disabled or stats.acked_seq < last_seq:
-        why = stats.disabled or (f"no connection ({stats.unreachable})" if stats.unreachable
-                                 else "the server did not ack in time")
+        why = _unsent_why(stats)
         if key is None and stats.refused == CloseCode.NOT_OWNER:
             why += (f"; the probe that wrote the log kept the stream's key in "
                     f"{key_file(path)}: put it back beside the log")

@@ -62,6 +62,22 @@ def special_file(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
+def log_path_problem(path: str | os.PathLike[str], streamed: bool = False) -> str | None:
+    """Why no step log can be written at ``path``, as the words that follow its name in a
+    message (``"is a directory; ..."``), or None: ``gradwatch run --log`` and ``watch(log=)``
+    say the same. ``streamed``: a server is to get the log, which the streamer tails as it
+    grows; it cannot read a compressed one from an offset."""
+    if Path(path).is_dir():
+        return f"is a directory; give a file path such as {Path(path) / 'run.jsonl'}"
+    special = special_file(path)
+    if special:  # writing one waits for a reader: the training would hang
+        return f"is {special}, not a file; give a file path such as run.jsonl"
+    if streamed and is_compressed(path):
+        return ("would be compressed (.gz), but a log streamed to a server must be plain: "
+                "drop '.gz', or compress it after the run")
+    return None
+
+
 def read_log(path: str | os.PathLike[str] | IO[bytes], name: str | None = None) -> StepLog:
     """Read and validate a whole step log, held in memory (:class:`LogReader` streams).
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from gradwatch.cliargs import CommandParser
 from gradwatch.probe import runreport
 from gradwatch.probe.runreport import Outcome
-from gradwatch.steplog import is_compressed, special_file
+from gradwatch.steplog import log_path_problem
 
 if TYPE_CHECKING:
     from gradwatch.probe.api import WatchHandle
@@ -111,21 +111,12 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
             p.error(f"{target[0]} is not a Python script ({found}); gradwatch run runs "
                     f"Python scripts and modules in its own process")
         target = [found, *target[1:]]
-    if args.server is not None and args.log is not None and is_compressed(args.log):
-        # the streamer tails the log as it grows; it cannot read a gzip from an offset
-        p.error(f"--log {args.log} would be compressed (.gz), but a log streamed to --server "
-                f"must be plain: drop '.gz', or compress it after the run")
-    if args.log is not None and Path(args.log).is_dir():
-        p.error(f"--log {args.log} is a folder; give a file path such as "
-                f"{Path(args.log) / 'run.jsonl'}")
     if args.log is not None:
         from gradwatch.probe.autostart import is_other_file
 
-        special = special_file(args.log)
-        if special:  # writing one waits for a reader: the training would hang
-            p.error(f"--log {args.log} is {special}, not a file; give a file path such as "
-                    f"run.jsonl")
-
+        why = log_path_problem(args.log, streamed=args.server is not None)
+        if why is not None:
+            p.error(f"--log {args.log} {why}")
         try:  # the log's folder now: a typo must not cost a training run
             folder = Path(args.log).absolute().parent
             folder.mkdir(parents=True, exist_ok=True)

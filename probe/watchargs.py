@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gradwatch.steplog import is_compressed, special_file
+from gradwatch.steplog import log_path_problem
 
 _SCHEMES = ("ws://", "wss://", "http://", "https://")
 
@@ -48,13 +48,9 @@ def validate_options(log_: Any, server: Any, run_name: Any, norms_every: Any) ->
         if not isinstance(log_, (str, os.PathLike)):
             raise TypeError(f"log= must be a file path (str or pathlib.Path); got "
                             f"{type(log_).__name__}.")
-        if Path(log_).is_dir():
-            raise ValueError(f"log={str(log_)!r} is a directory; give a file path such as "
-                             f"{str(Path(log_) / 'run.jsonl')!r}.")
-        special = special_file(log_)
-        if special:
-            raise ValueError(f"log={str(log_)!r} is {special}, not a file; give a file path "
-                             f"such as 'run.jsonl'.")
+        why = log_path_problem(log_, streamed=server is not None)
+        if why is not None:
+            raise ValueError(f"log={str(log_)!r} {why}.")
         folder = next(p for p in Path(log_).absolute().parents if p.exists())
         if not folder.is_dir():  # missing folders are made; one that is a file cannot be
             raise ValueError(f"log={str(log_)!r} cannot be written: {str(folder)!r} is a "
@@ -64,10 +60,6 @@ def validate_options(log_: Any, server: Any, run_name: Any, norms_every: Any) ->
                          f"https://, e.g. 'http://127.0.0.1:8765'; got {server!r}.")
     if server is not None:
         _check_server_urls(server)
-    if server is not None and log_ is not None and is_compressed(log_):
-        # the streamer tails the log as it grows; a compressed one it cannot read from an offset
-        raise ValueError(f"log={str(log_)!r} would be compressed (.gz), but a log streamed to "
-                         f"a server must be plain: drop '.gz', or compress it after the run.")
     if run_name is not None and (not isinstance(run_name, str) or len(run_name) > 200):
         raise TypeError("run_name= must be a string of at most 200 characters.")
     if isinstance(norms_every, bool) or not isinstance(norms_every, int) or norms_every < 0:
